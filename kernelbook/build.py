@@ -1,0 +1,214 @@
+"""Compile a chapter's kernels with load_inline, show their source, and report their resources.
+
+A kernel named ``k`` is two files: ``kernels/k.cu`` (kernels and ``launch_*`` functions, plain CUDA)
+and ``kernels/k.cpp`` (the torch binding). Headers they include with ``#include "x.cuh"`` from
+``kernels/`` are part of the kernel too: they change its hash and its module name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from .paths import KERNELS, ROOT, cache_dir
+
+NVCC_FLAGS = ("-O3", "-lineinfo")  # no --use_fast_math: see the method chapter
+CXX_FLAGS = ("-O3",)  # torch adds the C++ standard it was built with
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def sources(name: str, root: Path | None = None) -> list[Path]:
+    """The files kernel ``name`` is built from: its .cu, its .cpp, and the local headers they include."""
+    root = root or KERNELS
+    cu, cpp = root / f"{name}.cu", root / f"{name}.cpp"
+    for p in (cu, cpp):
+        if not p.is_file():
+            raise FileNotFoundError(f"kernel {name!r}: {p} does not exist (a kernel is kernels/{name}.cu + .cpp)")
+    found: list[Path] = [cu, cpp]
+    todo = [cu, cpp]
+    while todo:
+        for inc in _INCLUDE.findall(todo.pop().read_text()):
+            h = root / inc
+            if h.is_file() and h not in found:
+                found.append(h)
+                todo.append(h)
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def source_hashes(name: str, root: Path | None = None) -> dict[str, str]:
+    """{path relative to the repo: sha256} for every file of kernel ``name`` (what records store)."""
+    out = {}
+    for p in sources(name, root):
+        try:
+            key = p.resolve().relative_to(ROOT).as_posix()
+        except ValueError:  # a kernels folder outside the repo (tests use temporary copies)
+            key = f"kernels/{p.name}"
+        out[key] = file_sha256(p)
+    return out
+
+
+def _arch_flags(arch: str) -> list[str]:
+    return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+
+
+def module_name(name: str, arch: str) -> str:
+    """A name unique to these sources, flags and architecture: load_inline never mixes two builds."""
+    h = hashlib.sha256()
+    for p in sources(name):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(" ".join((*NVCC_FLAGS, *CXX_FLAGS, arch)).encode())
+    return f"kb_{name}_{h.hexdigest()[:12]}_sm{arch}"
+
+
+@cache
+def cuda_home() -> str:
+    """The CUDA toolkit's root, asked of nvcc itself (``nvcc`` on PATH may be a wrapper or a link)."""
+    env = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if env:
+        return env
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise RuntimeError("nvcc is not on PATH: install the CUDA toolkit or set CUDA_HOME")
+    dry = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True).stderr
+    m = re.search(r"^#\$ _HERE_=(.+)$", dry, re.MULTILINE)
+    bindir = Path(m.group(1).strip()) if m else Path(os.path.realpath(nvcc)).parent
+    return str(bindir.parent)
+
+
+def live_arch() -> str:
+    """Compute capability of the live GPU as nvcc writes it ('90' for sm_90)."""
+    from .device import gpu
+
+    g = gpu()
+    if g is None:
+        raise RuntimeError("no CUDA GPU is visible: pass arch= (e.g. '90') to compile without one")
+    return g["arch"]
+
+
+def plan(name: str, arch: str | None = None) -> dict:
+    """What load() will do for kernel ``name``: module name, build folder, flags (no compiling)."""
+    arch = arch or live_arch()
+    mod = module_name(name, arch)
+    return {
+        "kernel": name,
+        "module": mod,
+        "sources": [p.relative_to(p.parents[1]).as_posix() for p in sources(name)],
+        "build_dir": cache_dir() / mod,
+        "nvcc_flags": [*NVCC_FLAGS, *_arch_flags(arch)],
+        "cxx_flags": list(CXX_FLAGS),
+    }
+
+
+_loaded: dict[str, ModuleType] = {}
+
+
+def load(name: str, arch: str | None = None, verbose: bool = False) -> ModuleType:
+    """Compile (or reuse) kernel ``name`` for ``arch`` (default: the live GPU) and import it."""
+    p = plan(name, arch)
+    if p["module"] in _loaded:
+        return _loaded[p["module"]]
+    home = cuda_home()
+    os.environ.setdefault("CUDA_HOME", home)
+    import torch.utils.cpp_extension as cpp_ext
+
+    cpp_ext.CUDA_HOME = home  # torch guessed it at import from the nvcc on PATH, which may be a wrapper
+    p["build_dir"].mkdir(parents=True, exist_ok=True)
+    mod = cpp_ext.load_inline(
+        name=p["module"],
+        cpp_sources=[(KERNELS / f"{name}.cpp").read_text()],
+        cuda_sources=[(KERNELS / f"{name}.cu").read_text()],
+        extra_cflags=p["cxx_flags"],
+        extra_cuda_cflags=p["nvcc_flags"],
+        extra_include_paths=[str(KERNELS)],
+        build_directory=str(p["build_dir"]),
+        no_implicit_headers=True,  # the .cu is torch-free; the .cpp includes what it needs
+        verbose=verbose,
+    )
+    _loaded[p["module"]] = mod
+    return mod
+
+
+def show_source(name: str, which: Sequence[str] = ("cu", "cpp")):
+    """The kernel's files as highlighted code blocks, for a notebook cell's output."""
+    from IPython.display import Markdown
+
+    lang = {"cu": "cuda", "cpp": "cpp", "cuh": "cuda"}
+    parts = []
+    for p in sources(name):
+        ext = p.suffix.lstrip(".")
+        if ext in which or (ext == "cuh" and "cu" in which):
+            parts.append(f"**`kernels/{p.name}`**\n\n```{lang[ext]}\n{p.read_text().rstrip()}\n```\n")
+    return Markdown("\n".join(parts))
+
+
+_FUNC = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def _demangle(names: list[str]) -> list[str]:
+    tool = shutil.which("cu++filt") or shutil.which("c++filt")
+    if tool is None and shutil.which("nvcc"):
+        cand = Path(cuda_home()) / "bin" / "cu++filt"
+        tool = str(cand) if cand.exists() else None
+    if tool is None or not names:
+        return names
+    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    return out if len(out) == len(names) else names
+
+
+def _short_name(demangled: str) -> str:
+    """'void (anonymous namespace)::k<4>(float const*, int)' → 'k<4>'."""
+    s = demangled.replace("(anonymous namespace)::", "")
+    s = s.split("(")[0].strip()
+    return s.removeprefix("void ").strip()
+
+
+def parse_resource_usage(text: str) -> list[dict]:
+    """Rows of (kernel, registers, smem, stack, spills) from ``nvcc --resource-usage`` output."""
+    rows: list[dict] = []
+    current: dict | None = None
+    for line in text.splitlines():
+        if m := _FUNC.search(line):
+            current = {"mangled": m.group(1)}
+            rows.append(current)
+        elif current is not None and (m := _FRAME.search(line)):
+            current["stack_bytes"] = int(m.group(1))
+            current["spill_store_bytes"] = int(m.group(2))
+            current["spill_load_bytes"] = int(m.group(3))
+        elif current is not None and (m := _USED.search(line)):
+            current["registers"] = int(m.group(1))
+            s = _SMEM.search(line)
+            current["smem_bytes"] = int(s.group(1)) if s else 0
+    for r, d in zip(rows, _demangle([r["mangled"] for r in rows]), strict=True):
+        r["kernel"] = _short_name(d)
+    return rows
+
+
+def resources(name: str, arch: str = "90") -> list[dict]:
+    """Registers, static shared memory, stack frame and spills of each kernel in kernels/<name>.cu.
+
+    Compiles only the torch-free .cu with nvcc, so it works on any machine with the CUDA toolkit.
+    """
+    nvcc = shutil.which("nvcc") or str(Path(cuda_home()) / "bin" / "nvcc")
+    cu = KERNELS / f"{name}.cu"
+    cmd = [nvcc, "--resource-usage", *NVCC_FLAGS, *_arch_flags(arch), "-I", str(KERNELS),
+           "-c", str(cu), "-o", os.devnull]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {cu.name} for sm_{arch}:\n{res.stderr}")
+    rows = parse_resource_usage(res.stdout + res.stderr)
+    keys = ("kernel", "registers", "smem_bytes", "stack_bytes", "spill_store_bytes", "spill_load_bytes")
+    return [{"arch": f"sm_{arch}", **{k: r.get(k) for k in keys}} for r in rows]

@@ -1,0 +1,72 @@
+"""Checking a kernel against a float64 reference.
+
+The error measure is norm-wise: ‖out − ref‖₂ / ‖ref‖₂, computed in float64. It does not explode
+where single reference values are near zero (element-wise relative error does), and for fp32
+arithmetic it lands near the unit roundoff times a modest growth factor. Beside it we report the
+largest absolute error and the number of non-finite outputs where the reference is finite: with a
+NaN-poisoned output buffer, those are the elements the kernel never wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+FP32_UNIT_ROUNDOFF = 2.0**-24  # half an ulp of 1.0 in float32: one correctly rounded op errs by at most this
+
+
+def rand(shape: Sequence[int], seed: int, device: str | torch.device = "cpu", dtype=torch.float32,
+         low: float = 0.0, high: float = 1.0) -> torch.Tensor:
+    """Uniform [low, high) values from a seeded generator: fresh per seed, reproducible per seed."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    t = torch.rand(tuple(shape), generator=g, dtype=torch.float64) * (high - low) + low
+    return t.to(device=device, dtype=dtype)
+
+
+def poisoned(shape: Sequence[int], device: str | torch.device = "cpu", dtype=torch.float32) -> torch.Tensor:
+    """An output buffer filled with NaN, so that any element a kernel fails to write is caught."""
+    return torch.full(tuple(shape), float("nan"), device=device, dtype=dtype)
+
+
+def report(out: torch.Tensor, ref: torch.Tensor, tol: float) -> dict:
+    """Error of ``out`` against ``ref`` (both cast to float64, on ref's device), and pass/fail at ``tol``."""
+    if out.shape != ref.shape:
+        raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs reference {tuple(ref.shape)}")
+    r = ref.detach().to(torch.float64)
+    o = out.detach().to(device=r.device, dtype=torch.float64)
+    finite_ref = torch.isfinite(r)
+    unwritten = int((~torch.isfinite(o) & finite_ref).sum())
+    diff = torch.where(finite_ref, o - r, torch.zeros((), dtype=r.dtype, device=r.device))
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    ref_norm = float(torch.linalg.vector_norm(torch.where(finite_ref, r, 0.0)))
+    err_norm = float(torch.linalg.vector_norm(diff))
+    rel = err_norm / ref_norm if ref_norm > 0 else err_norm
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    passed = unwritten == 0 and rel <= tol
+    return {"rel_err": rel, "max_abs_err": max_abs, "tol": tol, "unwritten": unwritten, "passed": bool(passed)}
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "output") -> dict:
+    """``report`` as an assert: a failed check raises, so a broken claim breaks the build."""
+    r = report(out, ref, tol)
+    assert r["passed"], (
+        f"{what}: relative error {r['rel_err']:.3e} (tolerance {tol:.1e}), max abs error "
+        f"{r['max_abs_err']:.3e}, {r['unwritten']} unwritten/non-finite elements"
+    )
+    return r
+
+
+def sweep(run: Callable[[object], tuple[torch.Tensor, torch.Tensor]], cases: Iterable, tol: float,
+          what: str = "output"):
+    """Check ``run(case) -> (out, ref)`` on every case; returns one row per case, asserts them all."""
+    import pandas as pd
+
+    rows = []
+    for case in cases:
+        out, ref = run(case)
+        rows.append({"case": str(case), **report(out, ref, tol)})
+    df = pd.DataFrame(rows)
+    bad = df[~df["passed"]]
+    assert bad.empty, f"{what}: {len(bad)} of {len(df)} cases failed:\n{bad.to_string(index=False)}"
+    return df

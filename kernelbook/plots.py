@@ -1,0 +1,46 @@
+"""The book's one plot style and the few plot shapes every chapter uses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+
+OURS = "#c0392b"      # our kernels: one colour across the book
+BASELINE = "#7f8c8d"  # what a user would otherwise pick
+CEILING = "#2c3e50"   # measured ceilings and floors
+
+
+def style() -> None:
+    """Apply the book's plot style (readable on the rendered page and in Jupyter)."""
+    mpl.rcParams.update({
+        "figure.figsize": (7.5, 3.8), "figure.dpi": 110, "savefig.dpi": 110,
+        "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+        "grid.alpha": 0.3, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9,
+        "legend.frameon": False,
+    })
+
+
+def colour(variant: str) -> str:
+    return OURS if variant.startswith("ours") or variant.endswith("_ours") else BASELINE
+
+
+def bars(timings: Mapping[str, Mapping[str, float]], variants: Sequence[str] | None = None,
+         title: str = "", ax=None):
+    """Horizontal bars of median time per variant, whiskers from the 20th to the 80th percentile."""
+    variants = list(variants or timings)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 0.45 * len(variants) + 1.2))
+    med = [timings[v]["median"] for v in variants]
+    lo = [timings[v]["median"] - timings[v]["q20"] for v in variants]
+    hi = [timings[v]["q80"] - timings[v]["median"] for v in variants]
+    y = range(len(variants))
+    ax.barh(y, med, xerr=[lo, hi], color=[colour(v) for v in variants], capsize=3)
+    ax.set_yticks(list(y), variants)
+    ax.invert_yaxis()
+    ax.set_xlabel("median time (ms), whiskers q20–q80")
+    for yi, m in zip(y, med, strict=True):
+        ax.annotate(f"{m:.3g}", (m, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_title(title)
+    return ax

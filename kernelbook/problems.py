@@ -1,0 +1,63 @@
+"""The book's two benchmark problems (KernelBench level 2), as their reference modules and inputs.
+
+P73: y = BatchNorm2d(Conv2d(x)) * 2.0, in training mode (the benchmark never calls .eval()).
+P27: y = mean over (D, H, W) of GroupNorm(hardswish(Conv3d(x))).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class P73(nn.Module):
+    """Conv2d → BatchNorm2d → multiply by a Python float (KernelBench level 2, problem 73)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, scaling_factor: float):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.bn = nn.BatchNorm2d(out_channels)
+        self.scaling_factor = scaling_factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x)) * self.scaling_factor
+
+
+class P27(nn.Module):
+    """Conv3d → HardSwish → GroupNorm → mean over D, H, W (KernelBench level 2, problem 27)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, num_groups: int = 4,
+                 bias: bool = True):
+        super().__init__()
+        self.conv = nn.Conv3d(in_channels, out_channels, kernel_size, bias=bias)
+        self.group_norm = nn.GroupNorm(num_groups, out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.hardswish(self.conv(x))
+        return self.group_norm(x).mean(dim=[2, 3, 4])
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    module: type[nn.Module]
+    init_args: tuple
+    input_shape: tuple[int, ...]
+
+    def model(self, seed: int = 0) -> nn.Module:
+        """The reference module, initialised under ``seed`` as the benchmark does (training mode)."""
+        torch.manual_seed(seed)
+        return self.module(*self.init_args)
+
+    def inputs(self, seed: int, batch: int | None = None, device: str | torch.device = "cpu") -> torch.Tensor:
+        """``torch.rand`` of the benchmark's shape (or a smaller ``batch``), seeded."""
+        shape = (batch or self.input_shape[0], *self.input_shape[1:])
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        return torch.rand(shape, generator=g).to(device)
+
+
+P73_CONV_BN_SCALE = Problem("73_Conv2d_BatchNorm_Scaling", P73, (8, 64, 3, 2.0), (128, 8, 128, 128))
+P27_CONV3D_GN_MEAN = Problem("27_Conv3d_HardSwish_GroupNorm_Mean", P27, (3, 16, 4), (1024, 3, 16, 32, 32))
