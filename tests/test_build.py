@@ -1,0 +1,116 @@
+"""The build toolkit, and every kernel of the book compiled: torch-free .cu with nvcc for three
+architectures, and the whole extension (binding included) through load_inline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from kernelbook import build
+from kernelbook.paths import KERNELS
+
+KERNEL_NAMES = sorted(p.stem for p in KERNELS.glob("*.cu"))
+ARCHS = ["75", "80", "90"]
+
+SAMPLE = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z1tILi4EEvPf' for 'sm_90'
+ptxas info    : Function properties for _Z1tILi4EEvPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers
+ptxas info    : Function properties for _ZN12_GLOBAL__N_16kernelEPKfPfi
+    16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem, 380 bytes cmem[0]
+"""
+
+
+def test_every_kernel_has_a_binding():
+    assert KERNEL_NAMES, "no kernels found"
+    for name in KERNEL_NAMES:
+        assert (KERNELS / f"{name}.cpp").is_file(), f"kernels/{name}.cu has no kernels/{name}.cpp binding"
+
+
+def test_cu_files_are_torch_free_and_launches_are_in_cu():
+    for name in KERNEL_NAMES:
+        cu = (KERNELS / f"{name}.cu").read_text()
+        cpp = (KERNELS / f"{name}.cpp").read_text()
+        assert "torch/" not in cu and "ATen/" not in cu, f"{name}.cu includes torch headers"
+        assert "<<<" not in cpp, f"{name}.cpp launches a kernel: host launch code belongs in the .cu"
+        assert "getCurrentCUDAStream" in cpp, f"{name}.cpp must launch on PyTorch's current stream"
+
+
+def test_parse_resource_usage():
+    rows = build.parse_resource_usage(SAMPLE)
+    assert [r["kernel"] for r in rows] == ["t<4>", "kernel"]
+    assert rows[0]["registers"] == 10 and rows[0]["smem_bytes"] == 0
+    assert rows[1]["registers"] == 255 and rows[1]["smem_bytes"] == 1024
+    assert (rows[1]["stack_bytes"], rows[1]["spill_store_bytes"], rows[1]["spill_load_bytes"]) == (16, 8, 4)
+
+
+def test_module_name_depends_on_sources_and_arch(tmp_path, monkeypatch):
+    for f in build.sources("scale"):
+        shutil.copy(f, tmp_path / f.name)
+    monkeypatch.setattr(build, "KERNELS", tmp_path)
+    a90, a80 = build.module_name("scale", "90"), build.module_name("scale", "80")
+    assert a90 != a80 and a90.startswith("kb_scale_") and a90.endswith("_sm90")
+    assert build.module_name("scale", "90") == a90  # deterministic
+    (tmp_path / "scale.cu").write_text((tmp_path / "scale.cu").read_text() + "\n// changed\n")
+    assert build.module_name("scale", "90") != a90
+
+
+def test_sources_follow_local_includes(tmp_path):
+    (tmp_path / "k.cu").write_text('#include "a.cuh"\n#include <cuda_runtime.h>\n')
+    (tmp_path / "k.cpp").write_text("// binding\n")
+    (tmp_path / "a.cuh").write_text('#include "b.cuh"\n')
+    (tmp_path / "b.cuh").write_text("// leaf\n")
+    assert [p.name for p in build.sources("k", tmp_path)] == ["k.cu", "k.cpp", "a.cuh", "b.cuh"]
+    with pytest.raises(FileNotFoundError, match="kernels/missing.cu"):
+        build.sources("missing", tmp_path)
+
+
+def test_plan_builds_outside_the_repo():
+    p = build.plan("scale", "90")
+    assert not str(p["build_dir"]).startswith(str(KERNELS.parent))
+    assert "-gencode=arch=compute_90,code=sm_90" in p["nvcc_flags"]
+    assert not any("fast_math" in f for f in p["nvcc_flags"])
+
+
+@pytest.mark.compile
+def test_cuda_home_is_the_toolkit_root():
+    assert os.path.isfile(os.path.join(build.cuda_home(), "include", "cuda_runtime.h"))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", KERNEL_NAMES)
+def test_cu_compiles_without_spills(name, arch):
+    rows = build.resources(name, arch)
+    assert rows, f"{name}.cu has no kernels for sm_{arch}"
+    for r in rows:
+        assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, f"{r['kernel']} spills on sm_{arch}"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Every extension compiled through load_inline for sm_90 (works without a GPU)."""
+    return {name: build.load(name, arch="90") for name in KERNEL_NAMES}
+
+
+@pytest.mark.compile
+def test_every_extension_compiles_through_load_inline(compiled):
+    for name, mod in compiled.items():
+        assert mod.__name__ == build.module_name(name, "90")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("make, message", [
+    (lambda: torch.ones(8, dtype=torch.float64), "x must be float32, got Double"),
+    (lambda: torch.ones(4, 2).t(), "x must be contiguous"),
+    (lambda: torch.ones(8), "x must be a CUDA tensor, got a tensor on cpu"),
+])
+def test_scale_rejects_bad_input_by_name(compiled, make, message):
+    with pytest.raises(RuntimeError, match=message):
+        compiled["scale"].scale(make(), 2.0)

@@ -1,0 +1,70 @@
+import math
+
+import pytest
+import torch
+
+from kernelbook import check
+
+
+def test_exact_output_has_zero_error():
+    x = check.rand([1000], seed=1)
+    r = check.report(x, x.double(), tol=0.0)
+    assert r == {"rel_err": 0.0, "max_abs_err": 0.0, "tol": 0.0, "unwritten": 0, "passed": True}
+
+
+def test_one_rounding_is_within_unit_roundoff():
+    x = check.rand([10_000], seed=2, low=-3, high=3)
+    out = x * 1.7  # one float32 rounding per element
+    r = check.report(out, x.double() * 1.7, tol=check.FP32_UNIT_ROUNDOFF)
+    assert r["passed"] and 0 < r["rel_err"] <= check.FP32_UNIT_ROUNDOFF
+
+
+def test_poisoned_buffer_reveals_unwritten_elements():
+    x = check.rand([257], seed=3)
+    out = check.poisoned(x.shape)
+    out[:-3] = x[:-3]
+    r = check.report(out, x.double(), tol=1.0)
+    assert r["unwritten"] == 3 and not r["passed"]
+    assert math.isinf(r["rel_err"])
+
+
+def test_assert_close_raises_with_the_numbers():
+    ref = torch.ones(10, dtype=torch.float64)
+    with pytest.raises(AssertionError, match=r"relative error 1\.000e-01"):
+        check.assert_close(ref.float() * 1.1, ref, tol=1e-3, what="demo")
+    assert check.assert_close(ref.float(), ref, tol=0.0)["passed"]
+
+
+def test_norm_wise_error_does_not_explode_near_zero():
+    ref = torch.tensor([1.0, 2.0, 1e-12], dtype=torch.float64)
+    out = ref.float().double() + torch.tensor([0.0, 0.0, 1e-9], dtype=torch.float64)
+    assert check.report(out, ref, tol=1e-6)["passed"]
+
+
+def test_shape_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        check.report(torch.zeros(3), torch.zeros(4, dtype=torch.float64), tol=1.0)
+
+
+def test_rand_is_seeded_and_fresh():
+    a, b, c = check.rand([64], seed=5), check.rand([64], seed=5), check.rand([64], seed=6)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.dtype == torch.float32 and 0 <= a.min() and a.max() < 1
+
+
+def test_empty_tensors_compare_equal():
+    assert check.report(torch.zeros(0), torch.zeros(0, dtype=torch.float64), tol=0.0)["passed"]
+
+
+def test_sweep_asserts_every_case():
+    def run(n):
+        x = check.rand([n], seed=n)
+        out = x.clone()
+        if n == 7:
+            out[0] += 1
+        return out, x.double()
+
+    ok = check.sweep(run, [1, 5, 9], tol=1e-7)
+    assert list(ok["case"]) == ["1", "5", "9"] and ok["passed"].all()
+    with pytest.raises(AssertionError, match="1 of 3 cases failed"):
+        check.sweep(run, [1, 7, 9], tol=1e-7)

@@ -1,0 +1,43 @@
+from types import SimpleNamespace as NS
+
+from kernelbook import profile
+
+
+def _evt(name, parent=None, kernels=()):
+    return NS(name=name, cpu_parent=parent, kernels=[NS(name=k, duration=d) for k, d in kernels])
+
+
+def test_kernels_are_attributed_to_their_enclosing_range():
+    r1, r2 = _evt("ch/a"), _evt("ch/b")
+    mul = _evt("aten::mul", r1, [("elementwise_kernel", 10.0)])
+    inner = _evt("aten::copy_", _evt("aten::to", r2), [("copy_kernel", 4.0), ("copy_kernel", 6.0)])
+    direct = _evt("ch/b", None, [("my_kernel", 3.0)])  # a launch made directly inside the range
+    outside = _evt("aten::zero_", None, [("fill_kernel", 99.0)])
+    rows = profile.collect([r1, r2, mul, inner, direct, outside], {"ch/a": "a", "ch/b": "b"})
+    assert rows == [
+        {"variant": "a", "kernel": "elementwise_kernel", "launches": 1, "total_us": 10.0, "mean_us": 10.0},
+        {"variant": "b", "kernel": "copy_kernel", "launches": 2, "total_us": 10.0, "mean_us": 5.0},
+        {"variant": "b", "kernel": "my_kernel", "launches": 1, "total_us": 3.0, "mean_us": 3.0},
+    ]
+
+
+def test_ncu_command_selects_the_nested_range():
+    cmd = profile.ncu_command("00_method", "scale_ours", ["dram__bytes_read.sum"], ["python", "t.py"])
+    assert cmd[:3] == ["ncu", "--clock-control", "none"]
+    assert cmd[cmd.index("--nvtx-include") + 1] == "00_method/scale_ours/"
+    assert "--nvtx" in cmd and cmd[-2:] == ["python", "t.py"]
+
+
+def test_parse_ncu_csv_skips_noise_and_thousands_separators():
+    text = """==PROF== Connected to process 123
+==PROF== Profiling "scale_vec4_kernel": 0%....50%....100% - 3 passes
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","123","python","h","scale_vec4_kernel","1","7","(256, 1, 1)","(1056, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","268,437,504"
+"0","123","python","h","scale_vec4_kernel","1","7","(256, 1, 1)","(1056, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","byte","268,435,456"
+==PROF== Disconnected from process 123
+"""
+    rows = profile.parse_ncu_csv(text)
+    assert rows == [
+        {"kernel": "scale_vec4_kernel", "metric": "dram__bytes_read.sum", "unit": "byte", "value": 268437504.0},
+        {"kernel": "scale_vec4_kernel", "metric": "dram__bytes_write.sum", "unit": "byte", "value": 268435456.0},
+    ]

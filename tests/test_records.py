@@ -1,0 +1,88 @@
+"""The record format, the no-GPU path, and the staleness check that keeps old numbers out of the book."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kernelbook import build, records
+from kernelbook.paths import KERNELS
+
+REQUIRED_PROVENANCE = {"gpu", "capability", "driver", "cuda", "torch", "date", "commit", "kernels"}
+RECORDS = records.all_records()
+
+
+def _fake_record(chapter: str, kernels_root) -> dict:
+    return {
+        "chapter": chapter,
+        "provenance": {"gpu": "NVIDIA H200", "capability": "9.0", "driver": "580", "cuda": "13.0",
+                       "torch": "2.11.0", "date": "2026-11-29", "commit": "abc",
+                       "kernels": build.source_hashes("scale", kernels_root)},
+        "checks": {"c": {"rel_err": 0.0, "max_abs_err": 0.0, "tol": 1e-7, "unwritten": 0, "passed": True}},
+        "timings_ms": {"ours": {"median": 1.0, "q20": 0.9, "q80": 1.1}},
+        "live": True,
+    }
+
+
+def test_recorded_results_exist():
+    assert RECORDS, "results/ holds no records"
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_record_format(path):
+    rec = json.loads(path.read_text())
+    assert rec["chapter"] == path.stem
+    assert REQUIRED_PROVENANCE <= rec["provenance"].keys()
+    assert rec["provenance"]["kernels"], "a record must name the kernel sources it measured"
+    for name, c in rec["checks"].items():
+        assert {"rel_err", "max_abs_err", "tol", "passed"} <= c.keys(), name
+        assert c["passed"], f"{path.stem}: recorded check {name!r} failed"
+    for variant, t in rec["timings_ms"].items():
+        assert t["q20"] <= t["median"] <= t["q80"], variant
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_no_record_is_stale(path):
+    rec = json.loads(path.read_text())
+    changed = records.stale(rec)
+    assert not changed, (f"{path} was recorded from kernel sources that have changed since: {changed}. "
+                         f"Re-run the chapter on a GPU with KERNELBOOK_RECORD=1.")
+
+
+def test_staleness_check_fails_when_a_kernel_changes(tmp_path):
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    for f in build.sources("scale"):
+        shutil.copy(f, kdir / f.name)
+    rec = _fake_record("00_method", kdir)
+    assert records.stale(rec, kdir) == []
+    (kdir / "scale.cu").write_text((kdir / "scale.cu").read_text().replace("kUnroll = 4", "kUnroll = 2"))
+    assert records.stale(rec, kdir) == ["kernels/scale.cu"]
+    (kdir / "scale.cpp").unlink()
+    assert records.stale(rec, kdir) == ["kernels/scale.cu", "kernels/scale.cpp"]
+
+
+def test_save_writes_only_when_asked(tmp_path, monkeypatch):
+    rec = _fake_record("99_demo", KERNELS)
+    monkeypatch.delenv("KERNELBOOK_RECORD", raising=False)
+    assert records.save(rec, tmp_path) is None
+    monkeypatch.setenv("KERNELBOOK_RECORD", "1")
+    p = records.save(rec, tmp_path)
+    assert p == tmp_path / "h200" / "99_demo.json"
+    back = records.load("99_demo", "h200", tmp_path)
+    assert back["live"] is False and back["timings_ms"] == rec["timings_ms"]
+    assert records.save(back, tmp_path) is None  # a loaded record is never re-written
+
+
+def test_missing_record_says_how_to_make_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match="KERNELBOOK_RECORD=1"):
+        records.load("99_nothing", "h200", tmp_path)
+
+
+def test_note_names_the_provenance():
+    rec = _fake_record("00_method", KERNELS)
+    note = records.note_html(rec)
+    for word in ("NVIDIA H200", "9.0", "580", "2.11.0", "2026-11-29", "abc", "admonition"):
+        assert word in note
