@@ -19,7 +19,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
+from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -45,7 +45,7 @@ def main() -> int:
         try:
             client.execute()
             status = "ok"
-        except CellExecutionError as e:
+        except (CellExecutionError, DeadKernelError) as e:
             status = "FAILED"
             failed.append(p.stem)
             print(str(e)[-4000:], file=sys.stderr)

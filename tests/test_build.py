@@ -107,7 +107,7 @@ def test_every_extension_compiles_through_load_inline(compiled):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("make, message", [
-    (lambda: torch.ones(8, dtype=torch.float64), "x must be float32, got Double"),
+    (lambda: torch.ones(8, dtype=torch.float64), "x must be float32, got float64"),
     (lambda: torch.ones(4, 2).t(), "x must be contiguous"),
     (lambda: torch.ones(8), "x must be a CUDA tensor, got a tensor on cpu"),
 ])

@@ -59,7 +59,7 @@ def test_scale_runs_on_the_current_stream(scale):
 @pytest.mark.parametrize("make, message", [
     (lambda: (torch.ones(8, device="cuda", dtype=torch.float64), None), "x must be float32"),
     (lambda: (torch.ones(4, 2, device="cuda").t(), None), "x must be contiguous"),
-    (lambda: (torch.ones(8, device="cuda"), torch.empty(7, device="cuda")), "out must have the shape of x"),
+    (lambda: (torch.ones(8, device="cuda"), torch.empty(7, device="cuda")), r"out must have shape \[8\], got \[7\]"),
     (lambda: (torch.ones(8, device="cuda"), torch.empty(8)), "out must be a CUDA tensor"),
     (lambda: (torch.ones(8, device="cuda"), torch.empty(8, device="cuda", dtype=torch.half)),
      "out must be float32"),

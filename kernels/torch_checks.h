@@ -1,0 +1,75 @@
+// torch_checks.h — argument checks shared by every binding (.cpp) of the book.
+//
+// Each check throws a c10::Error (a Python RuntimeError) whose message names the operation, the
+// argument and what is wrong with it. Checks run in the order dtype → layout → device, so a message
+// always names the first problem, and every message can be exercised without a GPU.
+//
+// Shapes are formatted here rather than by streaming c10::IntArrayRef into TORCH_CHECK: with some
+// torch builds and host compilers, that operator<< crashed the process instead of raising (seen with
+// torch 2.11 + GCC 13 on an H200 machine), and a crash is the one outcome a bad input must never have.
+#pragma once
+
+#include <torch/extension.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+namespace kb {
+
+inline std::string shape_str(c10::IntArrayRef s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+}
+
+// PyTorch's Python names for the dtypes a reader meets ("float32", not c10's "Float").
+inline std::string dtype_name(c10::ScalarType t) {
+    switch (t) {
+        case torch::kFloat32: return "float32";
+        case torch::kFloat64: return "float64";
+        case torch::kFloat16: return "float16";
+        case torch::kBFloat16: return "bfloat16";
+        case torch::kInt32: return "int32";
+        case torch::kInt64: return "int64";
+        default: return c10::toString(t);
+    }
+}
+
+// A contiguous CUDA tensor of the given dtype.
+inline void check_tensor(const torch::Tensor& t, const char* op, const char* name,
+                         c10::ScalarType dtype = torch::kFloat32) {
+    TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype_name(dtype), ", got ",
+                dtype_name(t.scalar_type()));
+    TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides()),
+                " for sizes ", shape_str(t.sizes()), " (call .contiguous() first)");
+    TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+}
+
+inline void check_shape(const torch::Tensor& t, c10::IntArrayRef expected, const char* op, const char* name) {
+    TORCH_CHECK(t.sizes() == expected, op, ": ", name, " must have shape ", shape_str(expected), ", got ",
+                shape_str(t.sizes()));
+}
+
+inline void check_same_device(const torch::Tensor& a, const torch::Tensor& b, const char* op, const char* name_a,
+                              const char* name_b) {
+    TORCH_CHECK(a.device() == b.device(), op, ": ", name_a, " is on ", a.device().str(), " but ", name_b, " is on ",
+                b.device().str());
+}
+
+// Kernels take __restrict__ pointers: an output may not share bytes with an input.
+inline void check_no_overlap(const torch::Tensor& in, const torch::Tensor& out, const char* op, const char* in_name,
+                             const char* out_name) {
+    const auto* a = static_cast<const char*>(in.data_ptr());
+    const auto* b = static_cast<const char*>(out.data_ptr());
+    const int64_t na = in.numel() * static_cast<int64_t>(in.element_size());
+    const int64_t nb = out.numel() * static_cast<int64_t>(out.element_size());
+    TORCH_CHECK(na == 0 || nb == 0 || b + nb <= a || a + na <= b, op, ": ", out_name, " must not overlap ", in_name,
+                " (the kernel's pointers are __restrict__)");
+}
+
+inline void check_launch(cudaError_t err, const char* op) {
+    TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace kb
