@@ -170,8 +170,8 @@ def _demangle(names: list[str]) -> list[str]:
 
 
 def _short_name(demangled: str) -> str:
-    """'void (anonymous namespace)::k<4>(float const*, int)' → 'k<4>'."""
-    s = demangled.replace("(anonymous namespace)::", "")
+    """'void (anonymous namespace)::k<4>(float const*, int)' → 'k<4>' (c++filt; cu++filt says <unnamed>)."""
+    s = demangled.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
     s = s.split("(")[0].strip()
     return s.removeprefix("void ").strip()
 

@@ -1,6 +1,6 @@
 """Which kernels each variant launched, and what the hardware counted for them.
 
-``kernels`` runs each variant inside its NVTX range under torch.profiler and returns, per range,
+``kernels`` runs each variant inside its NVTX range under torch.profiler and returns, per variant,
 the CUDA kernels launched, how often, and their device time. ``ncu`` runs a script under Nsight
 Compute once per range (selected with ``--nvtx --nvtx-include``) and returns the metrics asked for.
 """
@@ -19,57 +19,42 @@ from pathlib import Path
 from .timing import nvtx_range
 
 
-def _enclosing_range(evt, ranges: Mapping[str, str]) -> str | None:
-    """The variant whose range encloses profiler event ``evt`` (walking up its CPU parents)."""
-    e = evt
-    while e is not None:
-        if e.name in ranges:
-            return ranges[e.name]
-        e = e.cpu_parent
-    return None
-
-
-def collect(events: Iterable, ranges: Mapping[str, str]) -> list[dict]:
-    """Group the kernels of torch.profiler ``events`` by enclosing range.
-
-    ``ranges`` maps a range name ('<chapter>/<variant>') to the variant. Each event that launched
-    kernels lists them in ``.kernels`` (name, duration in µs); torch attaches a kernel to the CPU
-    op that launched it, so the range is found by walking up ``.cpu_parent``.
-    """
-    acc: dict[tuple[str, str], list[float]] = {}
-    for evt in events:
-        for k in getattr(evt, "kernels", ()) or ():
-            variant = _enclosing_range(evt, ranges)
-            if variant is None:
-                continue
-            acc.setdefault((variant, k.name), []).append(float(k.duration))
-    order = {v: i for i, v in enumerate(ranges.values())}
-    rows = [
-        {"variant": v, "kernel": name, "launches": len(d), "total_us": sum(d), "mean_us": sum(d) / len(d)}
-        for (v, name), d in acc.items()
-    ]
-    rows.sort(key=lambda r: (order[r["variant"]], -r["total_us"]))
-    return rows
+def summarise(variant: str, device_events: Iterable[tuple[str, float]]) -> list[dict]:
+    """One row per distinct kernel (or memcpy/memset) name: launches, total and mean device time in µs."""
+    acc: dict[str, list[float]] = {}
+    for name, us in device_events:
+        acc.setdefault(name, []).append(float(us))
+    rows = [{"variant": variant, "kernel": k, "launches": len(d), "total_us": sum(d), "mean_us": sum(d) / len(d)}
+            for k, d in acc.items()]
+    return sorted(rows, key=lambda r: -r["total_us"])
 
 
 def kernels(variants: Mapping[str, Callable[[], object]], chapter: str, repeat: int = 1):
-    """Kernels launched by each variant (one warm-up call first), as a table: variant, kernel, launches, µs."""
+    """Kernels each variant launches, as a table: variant, kernel, launches, total and mean µs.
+
+    Each variant runs (after one warm-up call) in a profiling session of its own, inside its NVTX
+    range, with the device synchronised before and after: every device activity the session records
+    is that variant's, with no attribution heuristics.
+    """
     import pandas as pd
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    for fn in variants.values():  # warm up: lazy init, cuDNN autotuning, compilation
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for v, fn in variants.items():
+    rows: list[dict] = []
+    for v, fn in variants.items():
+        fn()  # warm up: lazy initialisation, cuDNN autotuning, compilation
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True) as prof:
             with nvtx_range(chapter, v):
                 for _ in range(repeat):
                     fn()
             torch.cuda.synchronize()
-    ranges = {f"{chapter}/{v}": v for v in variants}
-    return pd.DataFrame(collect(prof.events(), ranges),
-                        columns=["variant", "kernel", "launches", "total_us", "mean_us"])
+        range_name = f"{chapter}/{v}"
+        events = [(e.name(), e.duration_ns() / 1e3) for e in prof.profiler.kineto_results.events()
+                  if e.device_type() == DeviceType.CUDA and not e.is_user_annotation() and e.name() != range_name]
+        rows += summarise(v, events)
+    return pd.DataFrame(rows, columns=["variant", "kernel", "launches", "total_us", "mean_us"])
 
 
 def ncu_command(chapter: str, variant: str, metrics: Iterable[str], target: list[str]) -> list[str]:

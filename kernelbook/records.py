@@ -47,7 +47,7 @@ def new(chapter: str, kernels: list[str]) -> dict:
     hashes: dict[str, str] = {}
     for k in kernels:
         hashes.update(source_hashes(k))
-    prov = {k: g[k] for k in ("gpu", "capability", "sm_count", "driver", "cuda", "torch")}
+    prov = {k: g[k] for k in ("gpu", "capability", "sm_count", "l2_mib", "driver", "cuda", "torch")}
     prov.update(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), commit=_commit(),
                 kernels=hashes)
     return {"chapter": chapter, "provenance": prov, "checks": {}, "timings_ms": {}, "live": True}

@@ -89,4 +89,4 @@ def test_bench_and_profile_see_our_kernel(scale):
 def test_live_record_has_provenance():
     rec = kb.records.new("00_method", ["scale"])
     assert rec["live"] and rec["provenance"]["gpu"] == torch.cuda.get_device_name()
-    assert set(rec["provenance"]["kernels"]) == {"kernels/scale.cu", "kernels/scale.cpp"}
+    assert set(rec["provenance"]["kernels"]) == {"kernels/scale.cu", "kernels/scale.cpp", "kernels/torch_checks.h"}

@@ -1,24 +1,13 @@
-from types import SimpleNamespace as NS
-
 from kernelbook import profile
 
 
-def _evt(name, parent=None, kernels=()):
-    return NS(name=name, cpu_parent=parent, kernels=[NS(name=k, duration=d) for k, d in kernels])
-
-
-def test_kernels_are_attributed_to_their_enclosing_range():
-    r1, r2 = _evt("ch/a"), _evt("ch/b")
-    mul = _evt("aten::mul", r1, [("elementwise_kernel", 10.0)])
-    inner = _evt("aten::copy_", _evt("aten::to", r2), [("copy_kernel", 4.0), ("copy_kernel", 6.0)])
-    direct = _evt("ch/b", None, [("my_kernel", 3.0)])  # a launch made directly inside the range
-    outside = _evt("aten::zero_", None, [("fill_kernel", 99.0)])
-    rows = profile.collect([r1, r2, mul, inner, direct, outside], {"ch/a": "a", "ch/b": "b"})
+def test_summarise_groups_by_kernel_name():
+    rows = profile.summarise("b", [("copy_kernel", 4.0), ("my_kernel", 3.0), ("copy_kernel", 6.0)])
     assert rows == [
-        {"variant": "a", "kernel": "elementwise_kernel", "launches": 1, "total_us": 10.0, "mean_us": 10.0},
         {"variant": "b", "kernel": "copy_kernel", "launches": 2, "total_us": 10.0, "mean_us": 5.0},
         {"variant": "b", "kernel": "my_kernel", "launches": 1, "total_us": 3.0, "mean_us": 3.0},
     ]
+    assert profile.summarise("a", []) == []
 
 
 def test_ncu_command_selects_the_nested_range():
