@@ -9,14 +9,41 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from .timing import nvtx_range
+
+
+@contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: the profiler's native library (Kineto) writes status
+    lines there, which Jupyter would show as a cell's stderr output."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def cpu_ops(fn: Callable[[], object]):
+    """How often each operator and ``record_function`` range ran during ``fn()`` (CPU profiler)."""
+    import pandas as pd
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return pd.Series([e.name for e in prof.events()], dtype=object).value_counts().rename("calls")
 
 
 def summarise(variant: str, device_events: Iterable[tuple[str, float]]) -> list[dict]:
@@ -45,7 +72,8 @@ def kernels(variants: Mapping[str, Callable[[], object]], chapter: str, repeat: 
     for v, fn in variants.items():
         fn()  # warm up: lazy initialisation, cuDNN autotuning, compilation
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True) as prof:
+        with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                                             acc_events=True) as prof:
             with nvtx_range(chapter, v):
                 for _ in range(repeat):
                     fn()

@@ -26,7 +26,7 @@ $py scripts/run_notebooks.py --record --out "$out/executed" "$@" 2>&1 | tee "$ou
 cp -r results "$out/" 2>/dev/null
 
 step "GPU tests"
-$py -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/pytest-gpu.log" | tail -n 15
+$py -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/pytest-gpu.log" | tail -n 15
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 if command -v compute-sanitizer >/dev/null; then

@@ -27,7 +27,27 @@ def scale() -> None:
             check.assert_close(out, 1.5 * x.double(), tol=check.FP32_UNIT_ROUNDOFF, what=f"scale n={n}")
 
 
-WORKLOADS = {"scale": scale}
+def bn_train() -> None:
+    from torch import nn
+
+    mod = kb.build.load("bn_train")
+    for shape in ((3, 5, 7, 9), (2, 8, 1, 1), (4, 67, 12, 16), (1, 3, 64, 64)):
+        ref = nn.BatchNorm2d(shape[1]).double().cuda()
+        ours = nn.BatchNorm2d(shape[1]).cuda()
+        for step in range(2):
+            x = check.rand(shape, seed=step, device="cuda")
+            out = check.poisoned(shape, device="cuda")
+            mod.bn_scale_train(x, ours.weight, ours.bias, ours.running_mean, ours.running_var,
+                               ours.num_batches_tracked, 0.1, 1e-5, 2.0, out)
+            with torch.no_grad():
+                check.assert_close(out, ref(x.double()) * 2.0, tol=1e-6, what=f"bn train {shape}")
+        y = mod.bn_scale_eval(x, ours.weight, ours.bias, ours.running_mean, ours.running_var, 1e-5, 2.0, None)
+        ref.eval()
+        with torch.no_grad():
+            check.assert_close(y, ref(x.double()) * 2.0, tol=1e-6, what=f"bn eval {shape}")
+
+
+WORKLOADS = {"scale": scale, "bn_train": bn_train}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)

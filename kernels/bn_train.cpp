@@ -1,0 +1,147 @@
+// bn_train.cpp — the torch binding of bn_train.cu: BatchNorm2d(x)·s in training and eval mode.
+//
+// Argument conventions follow torch.nn.functional.batch_norm: weight/bias may be None (affine=False);
+// running_mean/running_var/num_batches_tracked are all given or all None (track_running_stats);
+// momentum=None selects the cumulative moving average. The running statistics are updated in place.
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "torch_checks.h"
+
+// From bn_train.cu.
+int bn_train_splits(int64_t N, int64_t C, int64_t HW, int sm_count);
+int64_t bn_train_partial_floats(int64_t C, int splits);
+cudaError_t launch_bn_scale_train(const float* x, float* y, const float* weight, const float* bias,
+                                  float* running_mean, float* running_var, int64_t* num_batches_tracked,
+                                  float* mean_out, float* var_out, float* mab, void* partial, unsigned* arrivals,
+                                  int64_t N, int64_t C, int64_t HW, int splits, float momentum, float eps,
+                                  float scale, cudaStream_t stream);
+cudaError_t launch_bn_scale_eval(const float* x, float* y, const float* weight, const float* bias,
+                                 const float* running_mean, const float* running_var, int64_t N, int64_t C,
+                                 int64_t HW, float eps, float scale, cudaStream_t stream);
+
+namespace {
+
+constexpr const char* kOp = "bn_scale";
+
+// x: (N, C, H, W) float32 contiguous CUDA; returns C.
+int64_t check_input(const torch::Tensor& x) {
+    TORCH_CHECK(x.dim() == 4, kOp, ": x must be 4-D (N, C, H, W), got ", x.dim(), "-D shape ", kb::shape_str(x.sizes()));
+    kb::check_tensor(x, kOp, "x");
+    return x.size(1);
+}
+
+// A per-channel vector: float32, contiguous, on x's device, of length C.
+void check_channel_vector(const std::optional<torch::Tensor>& t, const torch::Tensor& x, const char* name) {
+    if (!t) return;
+    kb::check_tensor(*t, kOp, name);
+    kb::check_same_device(x, *t, kOp, "x", name);
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == x.size(1), kOp, ": ", name, " must have shape [", x.size(1),
+                "] (one value per channel of x), got ", kb::shape_str(t->sizes()));
+}
+
+torch::Tensor output_for(const torch::Tensor& x, const std::optional<torch::Tensor>& out) {
+    if (!out) return torch::empty_like(x);
+    kb::check_tensor(*out, kOp, "out");
+    kb::check_shape(*out, x.sizes(), kOp, "out");
+    kb::check_same_device(x, *out, kOp, "x", "out");
+    kb::check_no_overlap(x, *out, kOp, "x", "out");
+    return *out;
+}
+
+const float* ptr_or_null(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
+
+}  // namespace
+
+// Returns (y, batch mean, biased batch variance); updates the running statistics in place.
+std::vector<torch::Tensor> bn_scale_train(const torch::Tensor& x, const std::optional<torch::Tensor>& weight,
+                                          const std::optional<torch::Tensor>& bias,
+                                          const std::optional<torch::Tensor>& running_mean,
+                                          const std::optional<torch::Tensor>& running_var,
+                                          const std::optional<torch::Tensor>& num_batches_tracked,
+                                          std::optional<double> momentum, double eps, double scale,
+                                          const std::optional<torch::Tensor>& out) {
+    const int64_t C = check_input(x);
+    check_channel_vector(weight, x, "weight");
+    check_channel_vector(bias, x, "bias");
+    check_channel_vector(running_mean, x, "running_mean");
+    check_channel_vector(running_var, x, "running_var");
+    const bool tracking = running_mean.has_value();
+    TORCH_CHECK(running_var.has_value() == tracking && num_batches_tracked.has_value() == tracking, kOp,
+                ": running_mean, running_var and num_batches_tracked must be given together or all be None");
+    if (tracking) {
+        const auto& nbt = *num_batches_tracked;
+        kb::check_tensor(nbt, kOp, "num_batches_tracked", torch::kInt64);
+        kb::check_same_device(x, nbt, kOp, "x", "num_batches_tracked");
+        TORCH_CHECK(nbt.numel() == 1, kOp, ": num_batches_tracked must hold one value, got ", nbt.numel());
+    }
+    TORCH_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0), kOp, ": momentum must be in [0, 1] or None, got ",
+                *momentum);
+    TORCH_CHECK(eps >= 0.0, kOp, ": eps must be non-negative, got ", eps);
+    const int64_t N = x.size(0), HW = x.size(2) * x.size(3);
+    TORCH_CHECK(N * HW > 1, kOp, ": training mode needs more than 1 value per channel, got input of shape ",
+                kb::shape_str(x.sizes()));
+    torch::Tensor y = output_for(x, out);
+
+    const c10::cuda::CUDAGuard guard(x.device());
+    int sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
+    const int splits = bn_train_splits(N, C, HW, sms);
+    const auto fopts = x.options();
+    torch::Tensor stats = torch::empty({2, C}, fopts);                       // mean, biased variance
+    torch::Tensor mab = torch::empty({3, C}, fopts);                         // per channel: y = (x − m)·a + b
+    torch::Tensor partial = torch::empty({bn_train_partial_floats(C, splits)}, fopts);
+    torch::Tensor arrivals = torch::zeros({C}, fopts.dtype(torch::kInt32));
+
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    kb::check_launch(
+        launch_bn_scale_train(x.data_ptr<float>(), y.data_ptr<float>(), ptr_or_null(weight), ptr_or_null(bias),
+                              tracking ? running_mean->data_ptr<float>() : nullptr,
+                              tracking ? running_var->data_ptr<float>() : nullptr,
+                              tracking ? num_batches_tracked->data_ptr<int64_t>() : nullptr,
+                              stats.data_ptr<float>(), stats.data_ptr<float>() + C, mab.data_ptr<float>(),
+                              partial.data_ptr(), reinterpret_cast<unsigned*>(arrivals.data_ptr<int32_t>()), N, C,
+                              HW, splits, momentum ? static_cast<float>(*momentum) : -1.f, static_cast<float>(eps),
+                              static_cast<float>(scale), stream),
+        kOp);
+    return {y, stats[0], stats[1]};
+}
+
+torch::Tensor bn_scale_eval(const torch::Tensor& x, const std::optional<torch::Tensor>& weight,
+                            const std::optional<torch::Tensor>& bias, const torch::Tensor& running_mean,
+                            const torch::Tensor& running_var, double eps, double scale,
+                            const std::optional<torch::Tensor>& out) {
+    check_input(x);
+    check_channel_vector(weight, x, "weight");
+    check_channel_vector(bias, x, "bias");
+    check_channel_vector(running_mean, x, "running_mean");
+    check_channel_vector(running_var, x, "running_var");
+    TORCH_CHECK(eps >= 0.0, kOp, ": eps must be non-negative, got ", eps);
+    torch::Tensor y = output_for(x, out);
+    const c10::cuda::CUDAGuard guard(x.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    kb::check_launch(launch_bn_scale_eval(x.data_ptr<float>(), y.data_ptr<float>(), ptr_or_null(weight),
+                                          ptr_or_null(bias), running_mean.data_ptr<float>(),
+                                          running_var.data_ptr<float>(), x.size(0), x.size(1),
+                                          x.size(2) * x.size(3), static_cast<float>(eps), static_cast<float>(scale),
+                                          stream),
+                     kOp);
+    return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    using pybind11::arg;
+    m.def("bn_scale_train", &bn_scale_train,
+          "Training-mode BatchNorm2d(x) * scale with batch statistics; updates the running statistics in place. "
+          "Returns (y, batch mean, biased batch variance).",
+          arg("x"), arg("weight"), arg("bias"), arg("running_mean"), arg("running_var"), arg("num_batches_tracked"),
+          arg("momentum"), arg("eps"), arg("scale"), arg("out") = pybind11::none());
+    m.def("bn_scale_eval", &bn_scale_eval, "Eval-mode BatchNorm2d(x) * scale from the running statistics.", arg("x"),
+          arg("weight"), arg("bias"), arg("running_mean"), arg("running_var"), arg("eps"), arg("scale"),
+          arg("out") = pybind11::none());
+}

@@ -1,0 +1,244 @@
+// bn_train.cu — BatchNorm2d followed by a scale factor, fused: y = BN(x)·s, NCHW float32.
+//
+// Training mode (what PyTorch does when the module was never put in .eval()):
+//   1. bn_stats_kernel: one read of x. Block (c, s) summarises slice s of channel c as a Welford
+//      state (count, mean, M2), merged with Chan's formula across the thread's registers, the warp
+//      (shuffles), the block (shared memory) and, by the last block of each channel to finish, across
+//      blocks — in double. That block then writes the channel's map y = (x − m)·a + b,
+//          m = mean,  a = γ·s/√(var + ε),  b = β·s,   var the *biased* batch variance,
+//      and updates the running statistics in place: running_mean ← (1−m)·running_mean + m·mean and
+//      running_var ← (1−m)·running_var + m·var_unbiased (m = momentum, or 1/(batches + 1) when
+//      momentum is None: PyTorch's cumulative average).
+//   2. bn_apply_kernel: one read of x and one write of y, y = (x − m[c])·a[c] + b[c] (a subtraction
+//      and an FMA per element: subtracting first keeps the error relative to y, not to x, even
+//      when the mean dwarfs the spread; folding m into b would save one instruction and lose that);
+//      block (0, 0) also counts the batch (num_batches_tracked += 1).
+// Eval mode is step 2 alone, with a and b computed per block from the running statistics.
+//
+// Memory traffic in training mode: 3 passes over the tensor (read, read, write) — the minimum for an
+// exact batch-norm whose statistics must be known before the first output is written.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "welford.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;   // 8 warps
+constexpr int kUnroll = 4;      // vector loads in flight per thread per loop trip
+constexpr int kBlocksPerSM = 8; // stats grid: about one full wave of 256-thread blocks
+// A block's state counts its values in float: keep each block's share under 2^24 values.
+constexpr int64_t kMaxValuesPerBlock = int64_t{1} << 22;
+
+template <int V> struct Vec;
+template <> struct Vec<4> { using T = float4; };
+template <> struct Vec<1> { using T = float; };
+
+__device__ __forceinline__ void unpack(const float4& v, float* out) { out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w; }
+__device__ __forceinline__ void unpack(const float& v, float* out) { out[0] = v; }
+__device__ __forceinline__ float4 normalise(float4 v, float m, float a, float b) {
+    return make_float4(fmaf(v.x - m, a, b), fmaf(v.y - m, a, b), fmaf(v.z - m, a, b), fmaf(v.w - m, a, b));
+}
+__device__ __forceinline__ float normalise(float v, float m, float a, float b) { return fmaf(v - m, a, b); }
+
+struct Params {
+    const float* x;
+    float* y;
+    const float* weight;        // γ, or null (affine=False: γ = 1)
+    const float* bias;          // β, or null (β = 0)
+    float* running_mean;        // or null (track_running_stats=False)
+    float* running_var;
+    int64_t* num_batches_tracked;  // or null
+    float* mean_out;            // [C] batch mean (training), for the caller
+    float* var_out;             // [C] biased batch variance (training)
+    float* mab;                 // [3C] workspace: m, a, b per channel (see the top of the file)
+    kb::Welford<float>* partial;// [C * splits] workspace: one state per stats block
+    unsigned* arrivals;         // [C] zeroed counters: stats blocks of each channel that are done
+    int64_t N, C, HW;
+    int splits;                 // stats blocks per channel
+    float momentum;             // < 0: cumulative average (momentum=None)
+    float eps, scale;
+};
+
+// Work items (V floats each) of channel c, numbered j = n·(HW/V) + w, live at plane (n, c), item w.
+template <int V>
+__global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
+    using VT = typename Vec<V>::T;
+    __shared__ kb::Welford<float> scratch[kThreads / 32];
+    __shared__ bool last;
+    const int c = blockIdx.x;
+    const int s = blockIdx.y;
+    const int64_t items_per_plane = p.HW / V;
+    const int64_t items = p.N * items_per_plane;
+    const int64_t chunk = (items + p.splits - 1) / p.splits;
+    const int64_t begin = s * chunk;
+    const int64_t end = begin + chunk < items ? begin + chunk : items;
+
+    // (n, w) of this thread's first item; then step by kThreads items, wrapping across planes.
+    int64_t j = begin + threadIdx.x;
+    int64_t n = j / items_per_plane, w = j - n * items_per_plane;
+    const VT* __restrict__ x = reinterpret_cast<const VT*>(p.x);
+    kb::Welford<float> st{0.f, 0.f, 0.f};
+    while (j < end) {
+        float v[kUnroll * V];
+        int k = 0;  // values loaded this trip
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            if (j < end) {
+                unpack(x[(n * p.C + c) * items_per_plane + w], v + u * V);
+                k += V;
+                j += kThreads;
+                w += kThreads;
+                while (w >= items_per_plane) { w -= items_per_plane; ++n; }
+            }
+        }
+        kb::welford_merge(st, kb::welford_of(v, k));
+    }
+    st = kb::welford_block_reduce(st, scratch);
+
+    if (threadIdx.x == 0) {
+        p.partial[c * p.splits + s] = st;
+        __threadfence();  // publish the state before announcing it
+        last = atomicAdd(&p.arrivals[c], 1u) == static_cast<unsigned>(p.splits) - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+
+    // The last block of channel c: warp 0 merges the channel's states in double precision.
+    __threadfence();
+    kb::Welford<double> tot{0.0, 0.0, 0.0};
+    for (int i = threadIdx.x; i < p.splits; i += 32) {
+        const kb::Welford<float>* q = p.partial + c * p.splits + i;
+        const kb::Welford<double> b{__ldcg(&q->n), __ldcg(&q->mean), __ldcg(&q->m2)};
+        kb::welford_merge(tot, b);
+    }
+    tot = kb::welford_warp_reduce(tot);
+    if (threadIdx.x != 0) return;
+
+    const double mean = tot.mean;
+    const double var = tot.m2 / tot.n;                                   // biased: normalises this batch
+    const double invstd = 1.0 / sqrt(var + static_cast<double>(p.eps));
+    const double g = p.weight ? static_cast<double>(p.weight[c]) : 1.0;
+    const double be = p.bias ? static_cast<double>(p.bias[c]) : 0.0;
+    p.mab[c] = static_cast<float>(mean);
+    p.mab[p.C + c] = static_cast<float>(g * invstd * p.scale);
+    p.mab[2 * p.C + c] = static_cast<float>(be * p.scale);
+    p.mean_out[c] = static_cast<float>(mean);
+    p.var_out[c] = static_cast<float>(var);
+    if (p.running_mean) {
+        const double m = p.momentum >= 0.f
+            ? static_cast<double>(p.momentum)
+            : 1.0 / static_cast<double>(*p.num_batches_tracked + 1);      // cumulative average
+        const double var_unbiased = tot.m2 / (tot.n - 1.0);              // updates the running estimate
+        p.running_mean[c] = static_cast<float>((1.0 - m) * p.running_mean[c] + m * mean);
+        p.running_var[c] = static_cast<float>((1.0 - m) * p.running_var[c] + m * var_unbiased);
+    }
+    p.arrivals[c] = 0u;  // leave the counter as we found it
+}
+
+// y = (x − m[c])·a[c] + b[c] over plane (n, c) = blockIdx.x, tile blockIdx.y of kThreads·kUnroll items.
+template <int V, bool kEval>
+__global__ void __launch_bounds__(kThreads) bn_apply_kernel(Params p) {
+    using VT = typename Vec<V>::T;
+    const int64_t plane = blockIdx.x;
+    const int c = static_cast<int>(plane % p.C);
+    float m, a, b;
+    if (kEval) {  // from the running statistics (a handful of loads per block)
+        const float g = p.weight ? p.weight[c] : 1.f;
+        const float be = p.bias ? p.bias[c] : 0.f;
+        m = p.running_mean[c];
+        a = g * p.scale / sqrtf(p.running_var[c] + p.eps);
+        b = be * p.scale;
+    } else {
+        m = p.mab[c];
+        a = p.mab[p.C + c];
+        b = p.mab[2 * p.C + c];
+        if (plane == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked)
+            *p.num_batches_tracked += 1;  // after every stats block has read it (stream order)
+    }
+    const int64_t items_per_plane = p.HW / V;
+    const VT* __restrict__ x = reinterpret_cast<const VT*>(p.x) + plane * items_per_plane;
+    VT* __restrict__ y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
+    const int64_t base = static_cast<int64_t>(blockIdx.y) * kThreads * kUnroll + threadIdx.x;
+    VT v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * kThreads;
+        if (i < items_per_plane) v[u] = x[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * kThreads;
+        if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+    }
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+// float4 path when every plane starts on a 16-byte boundary.
+bool use_vec4(const Params& p) { return p.HW % 4 == 0 && aligned16(p.x) && aligned16(p.y); }
+
+cudaError_t launch_apply(const Params& p, bool eval, cudaStream_t stream) {
+    const int V = use_vec4(p) ? 4 : 1;
+    const int64_t tiles = (p.HW / V + kThreads * kUnroll - 1) / (kThreads * kUnroll);
+    const int64_t planes = p.N * p.C;
+    if (planes > INT_MAX || tiles > 65535) return cudaErrorInvalidValue;
+    const dim3 grid(static_cast<unsigned>(planes), static_cast<unsigned>(tiles));
+    if (V == 4 && eval) bn_apply_kernel<4, true><<<grid, kThreads, 0, stream>>>(p);
+    else if (V == 4) bn_apply_kernel<4, false><<<grid, kThreads, 0, stream>>>(p);
+    else if (eval) bn_apply_kernel<1, true><<<grid, kThreads, 0, stream>>>(p);
+    else bn_apply_kernel<1, false><<<grid, kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+// Stats blocks per channel for an (N, C, HW) input: about one wave of blocks over the channels,
+// at least enough that no block's share exceeds kMaxValuesPerBlock, at most one per work item.
+int bn_train_splits(int64_t N, int64_t C, int64_t HW, int sm_count) {
+    const int64_t values = N * HW;
+    int64_t splits = (int64_t{sm_count} * kBlocksPerSM + C - 1) / C;
+    const int64_t min_splits = (values + kMaxValuesPerBlock - 1) / kMaxValuesPerBlock;
+    if (splits < min_splits) splits = min_splits;
+    const int64_t items = HW % 4 == 0 ? values / 4 : values;
+    if (splits > items) splits = items;
+    if (splits > 65535) splits = 65535;
+    return static_cast<int>(splits < 1 ? 1 : splits);
+}
+
+// Floats of workspace for the stats blocks' partial states.
+int64_t bn_train_partial_floats(int64_t C, int splits) {
+    return C * splits * static_cast<int64_t>(sizeof(kb::Welford<float>) / sizeof(float));
+}
+
+// Training-mode forward. Workspaces: partial [C·splits] states, mab [3C], arrivals [C] zeroed.
+cudaError_t launch_bn_scale_train(const float* x, float* y, const float* weight, const float* bias,
+                                  float* running_mean, float* running_var, int64_t* num_batches_tracked,
+                                  float* mean_out, float* var_out, float* mab, void* partial, unsigned* arrivals,
+                                  int64_t N, int64_t C, int64_t HW, int splits, float momentum, float eps,
+                                  float scale, cudaStream_t stream) {
+    if (N * C * HW == 0) return cudaSuccess;
+    Params p{x, y, weight, bias, running_mean, running_var, num_batches_tracked, mean_out, var_out, mab,
+             static_cast<kb::Welford<float>*>(partial), arrivals, N, C, HW, splits, momentum, eps, scale};
+    if (C > INT_MAX || splits > 65535) return cudaErrorInvalidValue;
+    const dim3 grid(static_cast<unsigned>(C), static_cast<unsigned>(splits));
+    if (use_vec4(p))
+        bn_stats_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+    else
+        bn_stats_kernel<1><<<grid, kThreads, 0, stream>>>(p);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    return launch_apply(p, /*eval=*/false, stream);
+}
+
+// Eval-mode forward: y = BN(x)·s with the running statistics.
+cudaError_t launch_bn_scale_eval(const float* x, float* y, const float* weight, const float* bias,
+                                 const float* running_mean, const float* running_var, int64_t N, int64_t C,
+                                 int64_t HW, float eps, float scale, cudaStream_t stream) {
+    if (N * C * HW == 0) return cudaSuccess;
+    Params p{x, y, weight, bias, const_cast<float*>(running_mean), const_cast<float*>(running_var), nullptr,
+             nullptr, nullptr, nullptr, nullptr, nullptr, N, C, HW, 0, 0.f, eps, scale};
+    return launch_apply(p, /*eval=*/true, stream);
+}

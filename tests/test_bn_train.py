@@ -1,0 +1,149 @@
+"""Chapter 1's fused BatchNorm·scale: training and eval mode against nn.BatchNorm2d in float64.
+
+GPU tests are marked ``gpu``; the argument checks that need no GPU run everywhere the CUDA toolkit is.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import kernelbook as kb
+from kernelbook import check
+
+TOL = 1e-6  # derived in the chapter: a few float32 roundings, each relative to |y|
+SCALE = 2.0
+
+
+@pytest.fixture(scope="module")
+def bn():
+    return kb.build.load("bn_train", arch=None if kb.gpu() else "90")
+
+
+def _reference(c, momentum, seed):
+    ref = nn.BatchNorm2d(c, momentum=momentum).double()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        ref.weight.copy_(torch.rand(c, generator=g, dtype=torch.float64) * 2 - 0.5)
+        ref.bias.copy_(torch.randn(c, generator=g, dtype=torch.float64))
+    return ref.cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 64, 126, 126), (3, 5, 7, 9), (4, 67, 33, 35), (2, 3, 256, 256),
+                                   (64, 256, 3, 3), (2, 8, 1, 1), (5, 7, 4, 4), (2, 1, 2, 1)])
+@pytest.mark.parametrize("momentum", [0.1, None, 0.0, 1.0])
+def test_train_then_eval_match_float64(bn, shape, momentum):
+    c = shape[1]
+    ref = _reference(c, momentum, seed=sum(shape))
+    ours = copy.deepcopy(ref).float()
+    for step in range(3):
+        x = check.rand(shape, seed=step + 10 * sum(shape), device="cuda", low=-1, high=3)
+        out = check.poisoned(shape, device="cuda")
+        y, mean, var = bn.bn_scale_train(x, ours.weight, ours.bias, ours.running_mean, ours.running_var,
+                                         ours.num_batches_tracked, momentum, ours.eps, SCALE, out)
+        assert y.data_ptr() == out.data_ptr()
+        with torch.no_grad():
+            y_ref = ref(x.double()) * SCALE
+        check.assert_close(out, y_ref, TOL, what=f"step {step} output")
+        check.assert_close(mean, x.double().mean(dim=(0, 2, 3)), TOL, what="batch mean")
+        check.assert_close(var, x.double().var(dim=(0, 2, 3), unbiased=False), TOL, what="batch variance")
+        check.assert_close(ours.running_mean, ref.running_mean, TOL, what="running_mean")
+        check.assert_close(ours.running_var, ref.running_var, TOL, what="running_var")
+        assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == step + 1
+    ref.eval()
+    x = check.rand(shape, seed=99, device="cuda", low=-1, high=3)
+    y = bn.bn_scale_eval(x, ours.weight, ours.bias, ours.running_mean, ours.running_var, ours.eps, SCALE)
+    with torch.no_grad():
+        check.assert_close(y, ref(x.double()) * SCALE, TOL, what="eval output")
+
+
+@pytest.mark.gpu
+def test_p73_sized_tensor_and_shifted_data(bn):
+    """The benchmark's conv-output shape, with a mean 1000× the spread (one-pass E[x²]−E[x]² fails here)."""
+    shape = (128, 64, 126, 126)
+    ref = _reference(64, 0.1, seed=3)
+    ours = copy.deepcopy(ref).float()
+    x = check.rand(shape, seed=5, device="cuda", low=999.0, high=1001.0)
+    y, _, var = bn.bn_scale_train(x, ours.weight, ours.bias, ours.running_mean, ours.running_var,
+                                  ours.num_batches_tracked, 0.1, ours.eps, SCALE, None)
+    with torch.no_grad():
+        y_ref = ref(x.double()) * SCALE
+    check.assert_close(var, x.double().var(dim=(0, 2, 3), unbiased=False), 1e-5, what="variance at μ/σ≈1700")
+    # The per-thread Welford means near 1000 carry float32 rounding (~6e-5 absolute each); through
+    # y = (x − μ)·a that is ~1e-4 of y's spread at most. Far from the 1e-1 errors of E[x²] − E[x]².
+    check.assert_close(y, y_ref, 1e-3, what="output at μ/σ≈1700")
+    check.assert_close(ours.running_var, ref.running_var, 1e-5, what="running_var")
+
+
+@pytest.mark.gpu
+def test_no_affine_and_no_running_stats(bn):
+    shape = (4, 6, 10, 12)
+    x = check.rand(shape, seed=2, device="cuda")
+    y, _, _ = bn.bn_scale_train(x, None, None, None, None, None, 0.1, 1e-5, SCALE, None)
+    with torch.no_grad():
+        check.assert_close(y, nn.functional.batch_norm(x.double(), None, None, training=True) * SCALE, TOL)
+
+
+@pytest.mark.gpu
+def test_runs_on_the_current_stream(bn):
+    shape = (8, 16, 32, 32)
+    ref = _reference(16, 0.1, seed=4)
+    ours = copy.deepcopy(ref).float()
+    x = check.rand(shape, seed=6, device="cuda")
+    out = torch.empty_like(x)
+    args = (x, ours.weight, ours.bias, ours.running_mean, ours.running_var, ours.num_batches_tracked, 0.1,
+            ours.eps, SCALE, out)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        bn.bn_scale_train(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bn.bn_scale_train(*args)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.no_grad():  # the reference sees the same two batches: warm-up and replay
+        ref(x.double())
+        y_ref = ref(x.double()) * SCALE
+    check.assert_close(out, y_ref, TOL, what="graph replay output")
+    assert int(ours.num_batches_tracked) == 2  # warm-up + replay; capture launched nothing
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call, message", [
+    (lambda m, x, v, n: m.bn_scale_train(x.cpu(), v, v, v, v, n, 0.1, 1e-5, 2.0), "x must be a CUDA tensor"),
+    (lambda m, x, v, n: m.bn_scale_train(x.double(), v, v, v, v, n, 0.1, 1e-5, 2.0), "x must be float32"),
+    (lambda m, x, v, n: m.bn_scale_train(x.transpose(2, 3), v, v, v, v, n, 0.1, 1e-5, 2.0), "x must be contiguous"),
+    (lambda m, x, v, n: m.bn_scale_train(x[0], v, v, v, v, n, 0.1, 1e-5, 2.0), "x must be 4-D"),
+    (lambda m, x, v, n: m.bn_scale_train(x, v[:3], v, v, v, n, 0.1, 1e-5, 2.0), r"weight must have shape \[4\]"),
+    (lambda m, x, v, n: m.bn_scale_train(x, v, v, v.cpu(), v, n, 0.1, 1e-5, 2.0), "running_mean must be a CUDA"),
+    (lambda m, x, v, n: m.bn_scale_train(x, v, v, v, None, None, 0.1, 1e-5, 2.0), "given together"),
+    (lambda m, x, v, n: m.bn_scale_train(x, v, v, v, v, n.float(), 0.1, 1e-5, 2.0),
+     "num_batches_tracked must be int64"),
+    (lambda m, x, v, n: m.bn_scale_train(x, v, v, v, v, n, 1.5, 1e-5, 2.0), "momentum must be in"),
+    (lambda m, x, v, n: m.bn_scale_train(x[:1, :, :1, :1].contiguous(), v, v, v, v, n, 0.1, 1e-5, 2.0),
+     "more than 1 value per channel"),
+    (lambda m, x, v, n: m.bn_scale_eval(x, v, v, v, v[:2], 1e-5, 2.0), r"running_var must have shape \[4\]"),
+])
+def test_bad_input_is_named(bn, call, message):
+    x = torch.rand(2, 4, 5, 5, device="cuda")
+    v = torch.ones(4, device="cuda")
+    n = torch.zeros((), dtype=torch.long, device="cuda")
+    with pytest.raises(RuntimeError, match=message):
+        call(bn, x, v, n)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("x, message", [
+    (torch.ones(2, 3, 4), "x must be 4-D"),
+    (torch.ones(2, 3, 4, 4, dtype=torch.float64), "x must be float32, got float64"),
+    (torch.ones(2, 3, 4, 4), "x must be a CUDA tensor"),
+])
+def test_bad_input_without_a_gpu(bn, x, message):
+    with pytest.raises(RuntimeError, match=message):
+        bn.bn_scale_train(x, None, None, None, None, None, 0.1, 1e-5, 2.0, None)
