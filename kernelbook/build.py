@@ -170,10 +170,20 @@ def _demangle(names: list[str]) -> list[str]:
 
 
 def _short_name(demangled: str) -> str:
-    """'void (anonymous namespace)::k<4>(float const*, int)' → 'k<4>' (c++filt; cu++filt says <unnamed>)."""
+    """'void (anonymous namespace)::k<(int)4, (bool)1>(Params)' → 'k<4, 1>'.
+
+    c++filt writes template arguments as ``4, true``; cu++filt as ``(int)4, (bool)1`` and the anonymous
+    namespace as ``<unnamed>``. The parameter list is the first '(' outside the template brackets.
+    """
     s = demangled.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
-    s = s.split("(")[0].strip()
-    return s.removeprefix("void ").strip()
+    s = re.sub(r"\((?:int|unsigned int|long|bool|unsigned)\)", "", s).replace("true", "1").replace("false", "0")
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "(" and depth == 0:
+            s = s[:i]
+            break
+    return s.strip().removeprefix("void ").strip()
 
 
 def parse_resource_usage(text: str) -> list[dict]:

@@ -47,6 +47,19 @@ def report(out: torch.Tensor, ref: torch.Tensor, tol: float) -> dict:
     return {"rel_err": rel, "max_abs_err": max_abs, "tol": tol, "unwritten": unwritten, "passed": bool(passed)}
 
 
+def normalisation_tol(x: torch.Tensor, dims: Sequence[int], k: float = 8.0, floor: float = 1e-6) -> float:
+    """Tolerance for a float32 normalisation (batch, group or layer norm) of ``x`` over ``dims``.
+
+    Its statistics are rounded values of size |μ|, so they err by about u·|μ|, and through
+    (x − μ)/σ that becomes u·|μ|/σ of the output: the error scales with 1 + |μ|/σ. We allow k
+    roundings of that size for the worst group, and never less than ``floor``.
+    """
+    x64 = x.detach().to(torch.float64)
+    mu = x64.mean(dim=tuple(dims))
+    sd = x64.std(dim=tuple(dims), unbiased=False).clamp_min(torch.finfo(torch.float64).tiny)
+    return max(floor, k * FP32_UNIT_ROUNDOFF * (1.0 + float((mu.abs() / sd).max())))
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "output") -> dict:
     """``report`` as an assert: a failed check raises, so a broken claim breaks the build."""
     r = report(out, ref, tol)

@@ -31,7 +31,7 @@ constexpr const char* kOp = "bn_scale";
 
 // x: (N, C, H, W) float32 contiguous CUDA; returns C.
 int64_t check_input(const torch::Tensor& x) {
-    TORCH_CHECK(x.dim() == 4, kOp, ": x must be 4-D (N, C, H, W), got ", x.dim(), "-D shape ", kb::shape_str(x.sizes()));
+    KB_CHECK(x.dim() == 4, kOp, ": x must be 4-D (N, C, H, W), got ", x.dim(), "-D shape ", kb::shape_str(x.sizes()));
     kb::check_tensor(x, kOp, "x");
     return x.size(1);
 }
@@ -41,7 +41,7 @@ void check_channel_vector(const std::optional<torch::Tensor>& t, const torch::Te
     if (!t) return;
     kb::check_tensor(*t, kOp, name);
     kb::check_same_device(x, *t, kOp, "x", name);
-    TORCH_CHECK(t->dim() == 1 && t->size(0) == x.size(1), kOp, ": ", name, " must have shape [", x.size(1),
+    KB_CHECK(t->dim() == 1 && t->size(0) == x.size(1), kOp, ": ", name, " must have shape [", x.size(1),
                 "] (one value per channel of x), got ", kb::shape_str(t->sizes()));
 }
 
@@ -72,25 +72,25 @@ std::vector<torch::Tensor> bn_scale_train(const torch::Tensor& x, const std::opt
     check_channel_vector(running_mean, x, "running_mean");
     check_channel_vector(running_var, x, "running_var");
     const bool tracking = running_mean.has_value();
-    TORCH_CHECK(running_var.has_value() == tracking && num_batches_tracked.has_value() == tracking, kOp,
+    KB_CHECK(running_var.has_value() == tracking && num_batches_tracked.has_value() == tracking, kOp,
                 ": running_mean, running_var and num_batches_tracked must be given together or all be None");
     if (tracking) {
         const auto& nbt = *num_batches_tracked;
         kb::check_tensor(nbt, kOp, "num_batches_tracked", torch::kInt64);
         kb::check_same_device(x, nbt, kOp, "x", "num_batches_tracked");
-        TORCH_CHECK(nbt.numel() == 1, kOp, ": num_batches_tracked must hold one value, got ", nbt.numel());
+        KB_CHECK(nbt.numel() == 1, kOp, ": num_batches_tracked must hold one value, got ", nbt.numel());
     }
-    TORCH_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0), kOp, ": momentum must be in [0, 1] or None, got ",
+    KB_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0), kOp, ": momentum must be in [0, 1] or None, got ",
                 *momentum);
-    TORCH_CHECK(eps >= 0.0, kOp, ": eps must be non-negative, got ", eps);
+    KB_CHECK(eps >= 0.0, kOp, ": eps must be non-negative, got ", eps);
     const int64_t N = x.size(0), HW = x.size(2) * x.size(3);
-    TORCH_CHECK(N * HW > 1, kOp, ": training mode needs more than 1 value per channel, got input of shape ",
+    KB_CHECK(N * HW > 1, kOp, ": training mode needs more than 1 value per channel, got input of shape ",
                 kb::shape_str(x.sizes()));
     torch::Tensor y = output_for(x, out);
 
     const c10::cuda::CUDAGuard guard(x.device());
     int sms = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
+    kb::check_launch(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()), kOp);
     const int splits = bn_train_splits(N, C, HW, sms);
     const auto fopts = x.options();
     torch::Tensor stats = torch::empty({2, C}, fopts);                       // mean, biased variance
@@ -121,7 +121,7 @@ torch::Tensor bn_scale_eval(const torch::Tensor& x, const std::optional<torch::T
     check_channel_vector(bias, x, "bias");
     check_channel_vector(running_mean, x, "running_mean");
     check_channel_vector(running_var, x, "running_var");
-    TORCH_CHECK(eps >= 0.0, kOp, ": eps must be non-negative, got ", eps);
+    KB_CHECK(eps >= 0.0, kOp, ": eps must be non-negative, got ", eps);
     torch::Tensor y = output_for(x, out);
     const c10::cuda::CUDAGuard guard(x.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();

@@ -4,9 +4,13 @@
 // argument and what is wrong with it. Checks run in the order dtype → layout → device, so a message
 // always names the first problem, and every message can be exercised without a GPU.
 //
-// Shapes are formatted here rather than by streaming c10::IntArrayRef into TORCH_CHECK: with some
-// torch builds and host compilers, that operator<< crashed the process instead of raising (seen with
-// torch 2.11 + GCC 13 on an H200 machine), and a crash is the one outcome a bad input must never have.
+// Messages are built from strings only, by KB_CHECK. TORCH_CHECK formats any other argument (an
+// integer, a double, an IntArrayRef) through a std::ostringstream created inside the extension, and
+// with torch 2.11 (built with RHEL's gcc-toolset-13) loaded by an extension built with Ubuntu's GCC 13,
+// that crashed the process instead of raising — seen on an H200 machine for IntArrayRef and int64_t
+// arguments alike. A crash is the one outcome a bad input must never have, so bindings never pass
+// non-string arguments to TORCH_CHECK: KB_CHECK converts numbers with std::to_string and hands
+// TORCH_CHECK a single std::string, and an argument of any other type does not compile.
 #pragma once
 
 #include <torch/extension.h>
@@ -14,8 +18,23 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace kb {
+
+inline std::string to_str(const char* s) { return s; }
+inline std::string to_str(const std::string& s) { return s; }
+template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+std::string to_str(T v) { return std::to_string(v); }
+
+template <typename... A>
+std::string cat(const A&... parts) {
+    std::string out;
+    ((out += to_str(parts)), ...);
+    return out;
+}
+
+#define KB_CHECK(cond, ...) TORCH_CHECK(cond, ::kb::cat(__VA_ARGS__))
 
 inline std::string shape_str(c10::IntArrayRef s) {
     std::string out = "[";
@@ -39,21 +58,21 @@ inline std::string dtype_name(c10::ScalarType t) {
 // A contiguous CUDA tensor of the given dtype.
 inline void check_tensor(const torch::Tensor& t, const char* op, const char* name,
                          c10::ScalarType dtype = torch::kFloat32) {
-    TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype_name(dtype), ", got ",
+    KB_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype_name(dtype), ", got ",
                 dtype_name(t.scalar_type()));
-    TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides()),
+    KB_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides()),
                 " for sizes ", shape_str(t.sizes()), " (call .contiguous() first)");
-    TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+    KB_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
 }
 
 inline void check_shape(const torch::Tensor& t, c10::IntArrayRef expected, const char* op, const char* name) {
-    TORCH_CHECK(t.sizes() == expected, op, ": ", name, " must have shape ", shape_str(expected), ", got ",
+    KB_CHECK(t.sizes() == expected, op, ": ", name, " must have shape ", shape_str(expected), ", got ",
                 shape_str(t.sizes()));
 }
 
 inline void check_same_device(const torch::Tensor& a, const torch::Tensor& b, const char* op, const char* name_a,
                               const char* name_b) {
-    TORCH_CHECK(a.device() == b.device(), op, ": ", name_a, " is on ", a.device().str(), " but ", name_b, " is on ",
+    KB_CHECK(a.device() == b.device(), op, ": ", name_a, " is on ", a.device().str(), " but ", name_b, " is on ",
                 b.device().str());
 }
 
@@ -64,12 +83,12 @@ inline void check_no_overlap(const torch::Tensor& in, const torch::Tensor& out, 
     const auto* b = static_cast<const char*>(out.data_ptr());
     const int64_t na = in.numel() * static_cast<int64_t>(in.element_size());
     const int64_t nb = out.numel() * static_cast<int64_t>(out.element_size());
-    TORCH_CHECK(na == 0 || nb == 0 || b + nb <= a || a + na <= b, op, ": ", out_name, " must not overlap ", in_name,
+    KB_CHECK(na == 0 || nb == 0 || b + nb <= a || a + na <= b, op, ": ", out_name, " must not overlap ", in_name,
                 " (the kernel's pointers are __restrict__)");
 }
 
 inline void check_launch(cudaError_t err, const char* op) {
-    TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+    KB_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace kb

@@ -50,6 +50,22 @@ def test_parse_resource_usage():
     assert (rows[1]["stack_bytes"], rows[1]["spill_store_bytes"], rows[1]["spill_load_bytes"]) == (16, 8, 4)
 
 
+@pytest.mark.parametrize("demangled, short", [
+    ("void (anonymous namespace)::bn_apply_kernel<4, true>((anonymous namespace)::Params)", "bn_apply_kernel<4, 1>"),
+    ("void <unnamed>::bn_apply_kernel<(int)4, (bool)1>(<unnamed>::Params)", "bn_apply_kernel<4, 1>"),
+    ("(anonymous namespace)::scale_vec4_kernel(float const*, float*, float, long)", "scale_vec4_kernel"),
+    ("void t<4>(float*)", "t<4>"),
+])
+def test_kernel_names_agree_between_demanglers(demangled, short):
+    assert build._short_name(demangled) == short
+
+
+def test_bindings_build_messages_from_strings():
+    """TORCH_CHECK with non-string arguments crashed a torch 2.11 process (see kernels/torch_checks.h)."""
+    for cpp in KERNELS.glob("*.cpp"):
+        assert "TORCH_CHECK(" not in cpp.read_text(), f"{cpp.name}: use KB_CHECK, not TORCH_CHECK"
+
+
 def test_module_name_depends_on_sources_and_arch(tmp_path, monkeypatch):
     for f in build.sources("scale"):
         shutil.copy(f, tmp_path / f.name)

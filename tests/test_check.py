@@ -68,3 +68,11 @@ def test_sweep_asserts_every_case():
     assert list(ok["case"]) == ["1", "5", "9"] and ok["passed"].all()
     with pytest.raises(AssertionError, match="1 of 3 cases failed"):
         check.sweep(run, [1, 7, 9], tol=1e-7)
+
+
+def test_normalisation_tol_grows_with_mean_over_spread():
+    x = check.rand([4, 3, 8, 8], seed=1)
+    base = check.normalisation_tol(x, (0, 2, 3))
+    assert 1e-6 <= base < 2e-6  # U[0,1): |μ|/σ ≈ 1.7, so 8u(1 + 1.7) ≈ 1.3e-6
+    shifted = check.normalisation_tol(x + 1000, (0, 2, 3))
+    assert shifted > 1e-4  # |μ|/σ ≈ 3500
