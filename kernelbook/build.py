@@ -169,7 +169,7 @@ def _demangle(names: list[str]) -> list[str]:
     return out if len(out) == len(names) else names
 
 
-def _short_name(demangled: str) -> str:
+def short_name(demangled: str) -> str:
     """'void (anonymous namespace)::k<(int)4, (bool)1>(Params)' → 'k<4, 1>'.
 
     c++filt writes template arguments as ``4, true``; cu++filt as ``(int)4, (bool)1`` and the anonymous
@@ -203,7 +203,7 @@ def parse_resource_usage(text: str) -> list[dict]:
             s = _SMEM.search(line)
             current["smem_bytes"] = int(s.group(1)) if s else 0
     for r, d in zip(rows, _demangle([r["mangled"] for r in rows]), strict=True):
-        r["kernel"] = _short_name(d)
+        r["kernel"] = short_name(d)
     return rows
 
 

@@ -57,7 +57,7 @@ def test_parse_resource_usage():
     ("void t<4>(float*)", "t<4>"),
 ])
 def test_kernel_names_agree_between_demanglers(demangled, short):
-    assert build._short_name(demangled) == short
+    assert build.short_name(demangled) == short
 
 
 def test_bindings_build_messages_from_strings():
