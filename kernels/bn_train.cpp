@@ -7,7 +7,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <climits>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -15,6 +17,7 @@
 
 // From bn_train.cu.
 int bn_train_splits(int64_t N, int64_t C, int64_t HW, int sm_count);
+int64_t bn_max_plane();
 int64_t bn_train_partial_floats(int64_t C, int splits);
 cudaError_t launch_bn_scale_train(const float* x, float* y, const float* weight, const float* bias,
                                   float* running_mean, float* running_var, int64_t* num_batches_tracked,
@@ -29,10 +32,15 @@ namespace {
 
 constexpr const char* kOp = "bn_scale";
 
-// x: (N, C, H, W) float32 contiguous CUDA; returns C.
+// x: (N, C, H, W) float32 contiguous CUDA, with at least one channel and planes the grid can cover.
 int64_t check_input(const torch::Tensor& x) {
     KB_CHECK(x.dim() == 4, kOp, ": x must be 4-D (N, C, H, W), got ", x.dim(), "-D shape ", kb::shape_str(x.sizes()));
     kb::check_tensor(x, kOp, "x");
+    KB_CHECK(x.size(1) > 0, kOp, ": x must have at least one channel, got shape ", kb::shape_str(x.sizes()));
+    KB_CHECK(x.size(2) * x.size(3) <= bn_max_plane(), kOp, ": planes of more than ", bn_max_plane(),
+             " values (H*W) are not supported, got H*W = ", x.size(2) * x.size(3));
+    KB_CHECK(x.size(0) * x.size(1) <= INT_MAX, kOp, ": at most 2^31 - 1 planes (N*C) are supported, got ",
+             x.size(0) * x.size(1));
     return x.size(1);
 }
 
@@ -84,19 +92,25 @@ std::vector<torch::Tensor> bn_scale_train(const torch::Tensor& x, const std::opt
                 *momentum);
     KB_CHECK(eps >= 0.0, kOp, ": eps must be non-negative, got ", eps);
     const int64_t N = x.size(0), HW = x.size(2) * x.size(3);
-    KB_CHECK(N * HW > 1, kOp, ": training mode needs more than 1 value per channel, got input of shape ",
-                kb::shape_str(x.sizes()));
     torch::Tensor y = output_for(x, out);
+    if (N * HW == 0) {  // an empty batch: PyTorch returns an empty output and still counts the batch
+        if (tracking) num_batches_tracked->add_(1);
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        return {y, torch::full({C}, nan, x.options()), torch::full({C}, nan, x.options())};
+    }
+    KB_CHECK(N * HW > 1, kOp, ": training mode needs more than 1 value per channel, got input of shape ",
+             kb::shape_str(x.sizes()));
 
     const c10::cuda::CUDAGuard guard(x.device());
     int sms = 0;
-    kb::check_launch(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()), kOp);
+    kb::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()), kOp,
+                   "reading the device's multiprocessor count");
     const int splits = bn_train_splits(N, C, HW, sms);
     const auto fopts = x.options();
     torch::Tensor stats = torch::empty({2, C}, fopts);                       // mean, biased variance
     torch::Tensor mab = torch::empty({3, C}, fopts);                         // per channel: y = (x − m)·a + b
     torch::Tensor partial = torch::empty({bn_train_partial_floats(C, splits)}, fopts);
-    torch::Tensor arrivals = torch::zeros({C}, fopts.dtype(torch::kInt32));
+    torch::Tensor arrivals = torch::zeros({C}, fopts.dtype(torch::kInt32));  // counted up by the stats kernel
 
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     kb::check_launch(

@@ -55,7 +55,7 @@ struct Params {
     float* var_out;             // [C] biased batch variance (training)
     float* mab;                 // [3C] workspace: m, a, b per channel (see the top of the file)
     kb::Welford<float>* partial;// [C * splits] workspace: one state per stats block
-    unsigned* arrivals;         // [C] zeroed counters: stats blocks of each channel that are done
+    unsigned* arrivals;         // [C] counters, zeroed by the caller: stats blocks of each channel done
     int64_t N, C, HW;
     int splits;                 // stats blocks per channel
     float momentum;             // < 0: cumulative average (momentum=None)
@@ -76,9 +76,10 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
     const int64_t begin = s * chunk;
     const int64_t end = begin + chunk < items ? begin + chunk : items;
 
-    // (n, w) of this thread's first item; then step by kThreads items, wrapping across planes.
+    // (n, w) of this thread's first item; then step by kThreads items = dn planes and dw items.
     int64_t j = begin + threadIdx.x;
     int64_t n = j / items_per_plane, w = j - n * items_per_plane;
+    const int64_t dn = kThreads / items_per_plane, dw = kThreads % items_per_plane;
     const VT* __restrict__ x = reinterpret_cast<const VT*>(p.x);
     kb::Welford<float> st{0.f, 0.f, 0.f};
     while (j < end) {
@@ -90,8 +91,9 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
                 unpack(x[(n * p.C + c) * items_per_plane + w], v + u * V);
                 k += V;
                 j += kThreads;
-                w += kThreads;
-                while (w >= items_per_plane) { w -= items_per_plane; ++n; }
+                n += dn;
+                w += dw;
+                if (w >= items_per_plane) { w -= items_per_plane; ++n; }
             }
         }
         kb::welford_merge(st, kb::welford_of(v, k));
@@ -135,7 +137,6 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
         p.running_mean[c] = static_cast<float>((1.0 - m) * p.running_mean[c] + m * mean);
         p.running_var[c] = static_cast<float>((1.0 - m) * p.running_var[c] + m * var_unbiased);
     }
-    p.arrivals[c] = 0u;  // leave the counter as we found it
 }
 
 // y = (x − m[c])·a[c] + b[c] over plane (n, c) = blockIdx.x, tile blockIdx.y of kThreads·kUnroll items.
@@ -180,12 +181,20 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 // float4 path when every plane starts on a 16-byte boundary.
 bool use_vec4(const Params& p) { return p.HW % 4 == 0 && aligned16(p.x) && aligned16(p.y); }
 
-cudaError_t launch_apply(const Params& p, bool eval, cudaStream_t stream) {
+// The apply grid: one block per (plane, tile); planes in x (up to 2^31 − 1), tiles in y (up to 65535).
+bool apply_grid(const Params& p, dim3* grid) {
     const int V = use_vec4(p) ? 4 : 1;
     const int64_t tiles = (p.HW / V + kThreads * kUnroll - 1) / (kThreads * kUnroll);
     const int64_t planes = p.N * p.C;
-    if (planes > INT_MAX || tiles > 65535) return cudaErrorInvalidValue;
-    const dim3 grid(static_cast<unsigned>(planes), static_cast<unsigned>(tiles));
+    if (planes > INT_MAX || tiles > 65535) return false;
+    *grid = dim3(static_cast<unsigned>(planes), static_cast<unsigned>(tiles));
+    return true;
+}
+
+cudaError_t launch_apply(const Params& p, bool eval, cudaStream_t stream) {
+    const int V = use_vec4(p) ? 4 : 1;
+    dim3 grid;
+    if (!apply_grid(p, &grid)) return cudaErrorInvalidValue;
     if (V == 4 && eval) bn_apply_kernel<4, true><<<grid, kThreads, 0, stream>>>(p);
     else if (V == 4) bn_apply_kernel<4, false><<<grid, kThreads, 0, stream>>>(p);
     else if (eval) bn_apply_kernel<1, true><<<grid, kThreads, 0, stream>>>(p);
@@ -195,9 +204,13 @@ cudaError_t launch_apply(const Params& p, bool eval, cudaStream_t stream) {
 
 }  // namespace
 
+// The largest plane (H·W floats) the apply grid can cover: 65535 tiles of kThreads·kUnroll floats.
+int64_t bn_max_plane() { return int64_t{65535} * kThreads * kUnroll; }
+
 // Stats blocks per channel for an (N, C, HW) input: about one wave of blocks over the channels,
 // at least enough that no block's share exceeds kMaxValuesPerBlock, at most one per work item.
 int bn_train_splits(int64_t N, int64_t C, int64_t HW, int sm_count) {
+    if (C < 1 || N * HW < 1) return 1;
     const int64_t values = N * HW;
     int64_t splits = (int64_t{sm_count} * kBlocksPerSM + C - 1) / C;
     const int64_t min_splits = (values + kMaxValuesPerBlock - 1) / kMaxValuesPerBlock;
@@ -222,7 +235,8 @@ cudaError_t launch_bn_scale_train(const float* x, float* y, const float* weight,
     if (N * C * HW == 0) return cudaSuccess;
     Params p{x, y, weight, bias, running_mean, running_var, num_batches_tracked, mean_out, var_out, mab,
              static_cast<kb::Welford<float>*>(partial), arrivals, N, C, HW, splits, momentum, eps, scale};
-    if (C > INT_MAX || splits > 65535) return cudaErrorInvalidValue;
+    dim3 apply;  // validate both grids before the first launch: never update the running stats and then fail
+    if (C > INT_MAX || splits > 65535 || !apply_grid(p, &apply)) return cudaErrorInvalidValue;
     const dim3 grid(static_cast<unsigned>(C), static_cast<unsigned>(splits));
     if (use_vec4(p))
         bn_stats_kernel<4><<<grid, kThreads, 0, stream>>>(p);

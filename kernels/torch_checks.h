@@ -91,4 +91,8 @@ inline void check_launch(cudaError_t err, const char* op) {
     KB_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
+inline void check_cuda(cudaError_t err, const char* op, const char* what) {
+    KB_CHECK(err == cudaSuccess, op, ": ", what, " failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace kb

@@ -6,7 +6,7 @@
 #
 # Needs a CUDA GPU, nvcc, and the Python packages of requirements.txt; ncu and compute-sanitizer
 # steps are skipped (with a message) where those tools are not installed.
-set -u
+set -uo pipefail
 out=${1:?usage: scripts/gpu_session.sh OUTDIR [chapter ...]}
 shift
 mkdir -p "$out"
@@ -21,8 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
   | tee "$out/nvidia-smi.csv"
 
 step "chapters, executed live and recorded"
-$py scripts/run_notebooks.py --record --out "$out/executed" "$@" 2>&1 | tee "$out/notebooks.log" \
-  || status=1
+$py scripts/run_notebooks.py --record --out "$out/executed" "$@" 2>&1 | tee "$out/notebooks.log" || status=1
 cp -r results "$out/" 2>/dev/null
 
 step "GPU tests"

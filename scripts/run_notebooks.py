@@ -35,6 +35,10 @@ def main() -> int:
 
     paths = [NOTEBOOKS / f"{c}.ipynb" for c in args.chapters] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
     if args.record:
+        import kernelbook
+
+        if kernelbook.gpu() is None:
+            ap.error("--record needs a CUDA GPU: without one the chapters show recorded results")
         os.environ["KERNELBOOK_RECORD"] = "1"
     failed = []
     for p in paths:

@@ -23,7 +23,7 @@ def scale() -> None:
         for x_off, out_off in ((0, 0), (1, 0), (0, 3)):
             x = check.rand([n + x_off], seed=n + x_off, device="cuda")[x_off:]
             out = check.poisoned([n + out_off], device="cuda")[out_off:]
-            mod.scale_out(x, 1.5, out)
+            mod.scale_out(x, 1.5, out)  # 1.5 is exact in float32
             check.assert_close(out, 1.5 * x.double(), tol=check.FP32_UNIT_ROUNDOFF, what=f"scale n={n}")
 
 
@@ -31,18 +31,23 @@ def bn_train() -> None:
     from torch import nn
 
     mod = kb.build.load("bn_train")
-    for shape in ((3, 5, 7, 9), (2, 8, 1, 1), (4, 67, 12, 16), (1, 3, 64, 64)):
-        ref = nn.BatchNorm2d(shape[1]).double().cuda()
-        ours = nn.BatchNorm2d(shape[1]).cuda()
+    # (shape, momentum, offset of x's data in floats: 1 makes a float4-able shape take the scalar path)
+    cases = [((3, 5, 7, 9), 0.1, 0), ((2, 8, 1, 1), 0.1, 0), ((4, 67, 12, 16), None, 0), ((1, 3, 64, 64), 0.1, 1)]
+    for shape, momentum, offset in cases:
+        ref = nn.BatchNorm2d(shape[1], momentum=momentum).double().cuda()
+        ours = nn.BatchNorm2d(shape[1], momentum=momentum).cuda()
+        numel = shape[0] * shape[1] * shape[2] * shape[3]
         for step in range(2):
-            x = check.rand(shape, seed=step, device="cuda")
+            x = check.rand([numel + offset], seed=step, device="cuda")[offset:].view(shape)
             out = check.poisoned(shape, device="cuda")
             mod.bn_scale_train(x, ours.weight, ours.bias, ours.running_mean, ours.running_var,
-                               ours.num_batches_tracked, 0.1, 1e-5, 2.0, out)
+                               ours.num_batches_tracked, momentum, 1e-5, 2.0, out)
             with torch.no_grad():
                 check.assert_close(out, ref(x.double()) * 2.0, tol=check.normalisation_tol(x, (0, 2, 3)),
                                    what=f"bn train {shape}")
         y = mod.bn_scale_eval(x, ours.weight, ours.bias, ours.running_mean, ours.running_var, 1e-5, 2.0, None)
+        ref.running_mean.copy_(ours.running_mean)  # eval from our statistics: check the eval kernel alone
+        ref.running_var.copy_(ours.running_var)
         ref.eval()
         with torch.no_grad():
             check.assert_close(y, ref(x.double()) * 2.0, tol=1e-6, what=f"bn eval {shape}")

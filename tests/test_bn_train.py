@@ -54,6 +54,11 @@ def test_train_then_eval_match_float64(bn, shape, momentum):
         check.assert_close(ours.running_mean, ref.running_mean, tol, what="running_mean")
         check.assert_close(ours.running_var, ref.running_var, tol, what="running_var")
         assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == step + 1
+    # Eval from our own running statistics (already checked above), so this checks the eval kernel:
+    # a few roundings relative to |y|.
+    with torch.no_grad():
+        ref.running_mean.copy_(ours.running_mean)
+        ref.running_var.copy_(ours.running_var)
     ref.eval()
     x = check.rand(shape, seed=99, device="cuda", low=-1, high=3)
     y = bn.bn_scale_eval(x, ours.weight, ours.bias, ours.running_mean, ours.running_var, ours.eps, SCALE)
@@ -86,6 +91,20 @@ def test_no_affine_and_no_running_stats(bn):
     with torch.no_grad():
         check.assert_close(y, nn.functional.batch_norm(x.double(), None, None, training=True) * SCALE,
                            check.normalisation_tol(x, (0, 2, 3)))
+
+
+@pytest.mark.gpu
+def test_empty_batch_counts_the_batch_like_pytorch(bn):
+    ref = nn.BatchNorm2d(3).cuda()
+    ours = copy.deepcopy(ref)
+    x = torch.empty(0, 3, 4, 4, device="cuda")
+    y, _, _ = bn.bn_scale_train(x, ours.weight, ours.bias, ours.running_mean, ours.running_var,
+                                ours.num_batches_tracked, 0.1, 1e-5, SCALE, None)
+    with torch.no_grad():
+        y_ref = ref(x) * SCALE
+    assert y.shape == y_ref.shape == (0, 3, 4, 4)
+    assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == 1
+    assert torch.equal(ours.running_mean, ref.running_mean) and torch.equal(ours.running_var, ref.running_var)
 
 
 @pytest.mark.gpu
@@ -129,6 +148,10 @@ def test_runs_on_the_current_stream(bn):
     (lambda m, x, v, n: m.bn_scale_train(x[:1, :, :1, :1].contiguous(), v, v, v, v, n, 0.1, 1e-5, 2.0),
      "more than 1 value per channel"),
     (lambda m, x, v, n: m.bn_scale_eval(x, v, v, v, v[:2], 1e-5, 2.0), r"running_var must have shape \[4\]"),
+    (lambda m, x, v, n: m.bn_scale_train(x[:, :0].contiguous(), None, None, None, None, None, 0.1, 1e-5, 2.0),
+     "at least one channel"),
+    (lambda m, x, v, n: m.bn_scale_train(torch.empty(1, 1, 8193, 8193, device="cuda"), None, None, None, None,
+                                         None, 0.1, 1e-5, 2.0), "planes of more than 67107840 values"),
 ])
 def test_bad_input_is_named(bn, call, message):
     x = torch.rand(2, 4, 5, 5, device="cuda")

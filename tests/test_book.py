@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import kernelbook as kb
 from kernelbook.paths import ROOT
 
 
@@ -24,7 +25,7 @@ def site(tmp_path_factory) -> Path:
 
 @pytest.mark.book
 def test_book_builds_with_every_page(site):
-    for page in ["intro.html", "references.html", "notebooks/00_method.html"]:
+    for page in ["intro.html", "references.html", "notebooks/00_method.html", "notebooks/01_bn_modes.html"]:
         assert (site / page).is_file(), page
 
 
@@ -39,6 +40,7 @@ def test_no_cell_failed_or_warned(site):
 @pytest.mark.book
 def test_method_chapter_shows_recorded_results_and_resources(site):
     html = (site / "notebooks" / "00_method.html").read_text()
-    assert "Recorded GPU results" in html and "H200" in html
+    if kb.gpu() is None:  # with a GPU the chapter runs live and shows no note
+        assert "Recorded GPU results" in html and "H200" in html
     assert "scale_vec4_kernel" in html and "spill_store_bytes" in html
     assert "{glue" not in html, "a glue reference was left unresolved"

@@ -107,6 +107,7 @@ def test_cu_compiles_without_spills(name, arch):
     assert rows, f"{name}.cu has no kernels for sm_{arch}"
     for r in rows:
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, f"{r['kernel']} spills on sm_{arch}"
+        assert r["stack_bytes"] == 0, f"{r['kernel']} uses a {r['stack_bytes']}-byte stack frame on sm_{arch}"
 
 
 @pytest.fixture(scope="module")

@@ -76,3 +76,18 @@ def test_normalisation_tol_grows_with_mean_over_spread():
     assert 1e-6 <= base < 2e-6  # U[0,1): |μ|/σ ≈ 1.7, so 8u(1 + 1.7) ≈ 1.3e-6
     shifted = check.normalisation_tol(x + 1000, (0, 2, 3))
     assert shifted > 1e-4  # |μ|/σ ≈ 3500
+
+
+def test_special_values_in_the_reference_must_be_matched():
+    ref = torch.tensor([1.0, float("nan"), float("inf")], dtype=torch.float64)
+    assert check.report(torch.tensor([1.0, float("nan"), float("inf")]), ref, tol=0.0)["passed"]
+    assert not check.report(torch.tensor([1.0, 0.0, float("inf")]), ref, tol=0.0)["passed"]
+    assert not check.report(torch.tensor([1.0, float("nan"), -float("inf")]), ref, tol=0.0)["passed"]
+
+
+def test_error_message_names_the_error_or_says_accepted():
+    def bad():
+        raise RuntimeError("scale: x must be float32, got float64\nmore detail")
+
+    assert check.error_message(bad) == "scale: x must be float32, got float64"
+    assert check.error_message(lambda: None) == "accepted"

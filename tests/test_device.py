@@ -14,5 +14,12 @@ def test_slug(name, expected):
     assert slug(name) == expected
 
 
-def test_describe_always_says_something():
-    assert describe()
+def test_describe_says_live_or_recorded(monkeypatch):
+    from kernelbook import device
+
+    monkeypatch.setattr(device, "gpu", lambda: None)
+    assert "recorded results" in describe()
+    fake = {"gpu": "NVIDIA H200", "arch": "90", "sm_count": 132, "memory_gib": 139.8, "driver": "580",
+            "cuda": "13.0", "torch": "2.11.0"}
+    monkeypatch.setattr(device, "gpu", lambda: fake)
+    assert describe().startswith("Live on NVIDIA H200 (sm_90, 132 SMs")
