@@ -4,6 +4,9 @@
 #
 #   scripts/gpu_session.sh OUTDIR [chapter ...]      (default: every chapter)
 #
+# KERNELBOOK_SANITIZE="name ..." restricts compute-sanitizer to those workloads of scripts/sanitize.py
+# (default: all of them).
+#
 # Needs a CUDA GPU, nvcc, and the Python packages of requirements.txt; ncu and compute-sanitizer
 # steps are skipped (with a message) where those tools are not installed.
 set -uo pipefail
@@ -31,7 +34,7 @@ $py -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/pytest-gpu.lo
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck initcheck synccheck; do
     step "compute-sanitizer --tool $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 1 $py scripts/sanitize.py 2>&1 \
+    compute-sanitizer --tool "$tool" --error-exitcode 1 $py scripts/sanitize.py ${KERNELBOOK_SANITIZE:-} 2>&1 \
       | tee "$out/sanitizer-$tool.log" | tail -n 4
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done
