@@ -1,11 +1,11 @@
 """kernelbook — the toolkit behind the book: build, check, time, profile and record fused CUDA kernels.
 
 Notebooks import it as ``import kernelbook as kb`` and use ``kb.build``, ``kb.check``, ``kb.timing``,
-``kb.profile``, ``kb.records``, ``kb.plots`` and ``kb.problems``; ``kb.gpu()`` says what is live and
+``kb.profile``, ``kb.records``, ``kb.folding``, ``kb.plots`` and ``kb.problems``; ``kb.gpu()`` says what is live and
 ``kb.glue`` hands a computed number to the prose.
 """
 
-from . import build, check, paths, plots, problems, profile, records, timing
+from . import build, check, folding, paths, plots, problems, profile, records, timing
 from .device import describe, gpu
 
 
@@ -21,5 +21,5 @@ def glue(name: str, value) -> None:
     _glue(name, value, display=False)
 
 
-__all__ = ["build", "check", "describe", "glue", "gpu", "paths", "plots", "problems", "profile", "records",
+__all__ = ["build", "check", "describe", "folding", "glue", "gpu", "paths", "plots", "problems", "profile", "records",
            "timing"]
