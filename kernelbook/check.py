@@ -64,6 +64,18 @@ def normalisation_tol(x: torch.Tensor, dims: Sequence[int], k: float = 8.0, floo
     return max(floor, k * FP32_UNIT_ROUNDOFF * (1.0 + float((mu.abs() / sd).max())))
 
 
+def dot_tol(terms: int, abs_ref: torch.Tensor, ref: torch.Tensor, floor: float = 1e-6) -> float:
+    """Tolerance for float32 sums of ``terms`` products (a convolution, a matmul), from Higham's bound.
+
+    Each output errs by at most about terms·u·Σ|xᵢwᵢ| (a recursive sum in any order), so norm-wise
+    the error is at most terms·u·‖abs_ref‖/‖ref‖, where ``abs_ref`` is the same operation on |x| and
+    |w|: the ratio grows when positive and negative products cancel. Never less than ``floor``.
+    """
+    ratio = float(torch.linalg.vector_norm(abs_ref.double())) / max(float(torch.linalg.vector_norm(ref.double())),
+                                                                   torch.finfo(torch.float64).tiny)
+    return max(floor, terms * FP32_UNIT_ROUNDOFF * ratio)
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "output") -> dict:
     """``report`` as an assert: a failed check raises, so a broken claim breaks the build."""
     r = report(out, ref, tol)

@@ -53,7 +53,25 @@ def bn_train() -> None:
             check.assert_close(y, ref(x.double()) * 2.0, tol=1e-6, what=f"bn eval {shape}")
 
 
-WORKLOADS = {"scale": scale, "bn_train": bn_train}
+def conv2d_folded() -> None:
+    import torch.nn.functional as F
+
+    mod = kb.build.load("conv2d_folded")
+    # (N, C_in, H, W, C_out, out offset): a partial column tile and odd widths, C_in over one staged chunk,
+    # partial channel groups, several channel blocks, and a misaligned output (scalar stores).
+    for n, c_in, h, w, c_out, off in [(1, 3, 5, 97, 16, 0), (2, 9, 6, 131, 70, 0), (1, 2, 4, 8, 5, 1)]:
+        x = check.rand((n, c_in, h, w), seed=c_in, device="cuda")
+        wt = check.rand((c_out, c_in, 3, 3), seed=c_out, device="cuda", low=-1)
+        b = check.rand((c_out,), seed=w, device="cuda")
+        ref = F.conv2d(x.double(), wt.double(), b.double())
+        tol = check.dot_tol(c_in * 9 + 1, F.conv2d(x.double(), wt.double().abs(), b.double()), ref)
+        for fn in (mod.conv2d_simple, mod.conv2d_folded):
+            out = check.poisoned([ref.numel() + off], device="cuda")[off:].view(ref.shape)
+            fn(x, wt, b, out)
+            check.assert_close(out, ref, tol, what=f"{fn.__name__} {(n, c_in, h, w, c_out)}")
+
+
+WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)

@@ -91,3 +91,14 @@ def test_error_message_names_the_error_or_says_accepted():
 
     assert check.error_message(bad) == "scale: x must be float32, got float64"
     assert check.error_message(lambda: None) == "accepted"
+
+
+def test_dot_tol_bounds_a_float32_dot_product_and_grows_with_cancellation():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.rand(1000, 72, generator=g, dtype=torch.float64), torch.randn(72, generator=g, dtype=torch.float64)
+    ref, abs_ref = x @ w, x.abs() @ w.abs()
+    tol = check.dot_tol(72, abs_ref, ref)
+    assert check.report((x.float() @ w.float()), ref, tol)["passed"]
+    assert tol < 72 * check.FP32_UNIT_ROUNDOFF * 100  # not vacuous for this data
+    assert check.dot_tol(72, abs_ref, ref * 1e-3) > 100 * tol  # cancellation (small result) loosens it
+    assert check.dot_tol(1, torch.ones(3), torch.ones(3)) == 1e-6  # the floor
