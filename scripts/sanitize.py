@@ -71,7 +71,22 @@ def conv2d_folded() -> None:
             check.assert_close(out, ref, tol, what=f"{fn.__name__} {(n, c_in, h, w, c_out)}")
 
 
-WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded}
+def mappings() -> None:
+    mod = kb.build.load("mappings")
+    for shape in ((3, 5, 7, 9), (2, 3, 13, 37), (1, 9, 20, 250), (2, 64, 14, 126), (4, 3, 5, 7)):
+        c = shape[1]
+        x = check.rand(shape, seed=sum(shape), device="cuda", low=-1, high=1)
+        a, b = check.rand([c], seed=1, low=-2, high=2), check.rand([c], seed=2)
+        ref = x.double() * a.double().cuda().view(1, c, 1, 1) + b.double().cuda().view(1, c, 1, 1)
+        for name in mod.mappings():
+            if name == "flat_vec4" and x.numel() % 4:
+                continue
+            out = check.poisoned(shape, device="cuda")
+            mod.affine(x, a, b, name, out)
+            check.assert_close(out, ref, tol=check.FP32_UNIT_ROUNDOFF, what=f"affine {name} {shape}")
+
+
+WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)
