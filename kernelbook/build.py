@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -62,12 +62,16 @@ def _arch_flags(arch: str) -> list[str]:
     return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
 
 
-def module_name(name: str, arch: str) -> str:
+def _define_flags(defines: Mapping[str, int | str] | None) -> list[str]:
+    return [f"-D{k}={v}" for k, v in sorted((defines or {}).items())]
+
+
+def module_name(name: str, arch: str, defines: Mapping[str, int | str] | None = None) -> str:
     """A name unique to these sources, flags and architecture: load_inline never mixes two builds."""
     h = hashlib.sha256()
     for p in sources(name):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(" ".join((*NVCC_FLAGS, *CXX_FLAGS, arch)).encode())
+    h.update(" ".join((*NVCC_FLAGS, *_define_flags(defines), *CXX_FLAGS, arch)).encode())
     return f"kb_{name}_{h.hexdigest()[:12]}_sm{arch}"
 
 
@@ -96,16 +100,16 @@ def live_arch() -> str:
     return g["arch"]
 
 
-def plan(name: str, arch: str | None = None) -> dict:
+def plan(name: str, arch: str | None = None, defines: Mapping[str, int | str] | None = None) -> dict:
     """What load() will do for kernel ``name``: module name, build folder, flags (no compiling)."""
     arch = arch or live_arch()
-    mod = module_name(name, arch)
+    mod = module_name(name, arch, defines)
     return {
         "kernel": name,
         "module": mod,
         "sources": [p.relative_to(p.parents[1]).as_posix() for p in sources(name)],
         "build_dir": cache_dir() / mod,
-        "nvcc_flags": [*NVCC_FLAGS, *_arch_flags(arch)],
+        "nvcc_flags": [*NVCC_FLAGS, *_define_flags(defines), *_arch_flags(arch)],
         "cxx_flags": list(CXX_FLAGS),
     }
 
@@ -113,9 +117,13 @@ def plan(name: str, arch: str | None = None) -> dict:
 _loaded: dict[str, ModuleType] = {}
 
 
-def load(name: str, arch: str | None = None, verbose: bool = False) -> ModuleType:
-    """Compile (or reuse) kernel ``name`` for ``arch`` (default: the live GPU) and import it."""
-    p = plan(name, arch)
+def load(name: str, arch: str | None = None, verbose: bool = False,
+         defines: Mapping[str, int | str] | None = None) -> ModuleType:
+    """Compile (or reuse) kernel ``name`` for ``arch`` (default: the live GPU) and import it.
+
+    ``defines`` become ``-DNAME=value`` for nvcc: compile-time parameters a chapter explores (tile sizes).
+    """
+    p = plan(name, arch, defines)
     if p["module"] in _loaded:
         return _loaded[p["module"]]
     home = cuda_home()

@@ -51,12 +51,26 @@ __global__ void conv2d_simple_kernel(const float* __restrict__ x, const float* _
 // Blocks are persistent: each loops over tiles, keeping its weights in shared memory when all input
 // channels fit one chunk (P73: 8 input channels), so weights are staged once per block, not per tile.
 // ---------------------------------------------------------------------------------------------------
+// The tile shape can be changed at compile time (-DKB_CONV_ROWS=4 …) to explore it; the defaults are
+// the measured best on an H200 for P73 (notes/conv2d_folded.md).
+#ifndef KB_CONV_ROWS
+#define KB_CONV_ROWS 2
+#endif
+#ifndef KB_CONV_CO_T
+#define KB_CONV_CO_T 16
+#endif
+#ifndef KB_CONV_GROUPS
+#define KB_CONV_GROUPS 4
+#endif
+#ifndef KB_CONV_MIN_BLOCKS
+#define KB_CONV_MIN_BLOCKS 2
+#endif
 constexpr int K3 = 3;
 constexpr int PAIRS = 2;                       // column pairs per lane
 constexpr int TILE_W = 2 * 32 * PAIRS;         // 128 output columns per warp (P73: 126 → one tile per row)
-constexpr int ROWS = 2;                        // output rows per block, one warp each per channel group
-constexpr int CO_T = 16;                       // output channels per thread
-constexpr int MAX_GROUPS = 4;                  // channel groups per block: up to 64 output channels (P73: 64)
+constexpr int ROWS = KB_CONV_ROWS;             // output rows per block, one warp each per channel group
+constexpr int CO_T = KB_CONV_CO_T;             // output channels per thread (a multiple of 4: float4 weights)
+constexpr int MAX_GROUPS = KB_CONV_GROUPS;     // channel groups per block: CO_T·MAX_GROUPS channels (P73: 64)
 constexpr int CO_B = CO_T * MAX_GROUPS;
 constexpr int CI_CHUNK = 8;                    // input channels staged at a time (P73: all 8)
 constexpr int IN_ROWS = ROWS + K3 - 1;
@@ -72,7 +86,7 @@ struct TiledShape {
     bool y_even;  // y's base address is 8-byte aligned: float2 stores are legal where the offset is even
 };
 
-__global__ void __launch_bounds__(THREADS, 2)
+__global__ void __launch_bounds__(THREADS, KB_CONV_MIN_BLOCKS)
 conv2d_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                     float* __restrict__ y, TiledShape s) {
     __shared__ __align__(16) float in_s[CI_CHUNK][IN_ROWS][IN_PITCH];

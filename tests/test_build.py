@@ -73,6 +73,8 @@ def test_module_name_depends_on_sources_and_arch(tmp_path, monkeypatch):
     a90, a80 = build.module_name("scale", "90"), build.module_name("scale", "80")
     assert a90 != a80 and a90.startswith("kb_scale_") and a90.endswith("_sm90")
     assert build.module_name("scale", "90") == a90  # deterministic
+    assert build.module_name("scale", "90", {"X": 1}) not in (a90, build.module_name("scale", "90", {"X": 2}))
+    assert "-DX=1" in build.plan("scale", "90", {"X": 1})["nvcc_flags"]
     (tmp_path / "scale.cu").write_text((tmp_path / "scale.cu").read_text() + "\n// changed\n")
     assert build.module_name("scale", "90") != a90
 
