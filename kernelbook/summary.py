@@ -1,0 +1,145 @@
+"""The book's results at a glance: one row per fused operation, read from the chapters' records.
+
+The intro page shows ``markdown_table()``, built when the book is built, so the table grows as
+chapters record results and never holds a typed number. Each row names the record variants it
+reads: eager PyTorch, ``torch.compile`` (if the chapter timed it), ours, and the floor — the time the
+operation's minimum traffic takes at the device-to-device copy rate measured in the same run
+(``floor_passes`` passes over the tensor, a copy being two), or, for chapters whose floor is not a
+multiple of a copy, the value the chapter stored as ``record["floor_ms"][<ours variant>]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .paths import RESULTS, ROOT
+from .records import DEFAULT_GPU
+
+COPY = "copy_torch"  # the device-to-device copy every memory-bound chapter times beside its kernels
+
+
+@dataclass(frozen=True)
+class Row:
+    """One fused operation: which problem, which chapter's record, which variants, which floor."""
+
+    problem: str
+    what: str
+    chapter: str
+    eager: str
+    ours: str
+    compiled: str | None = None
+    floor_passes: float | None = None  # passes over the tensor at the copy rate (None: record["floor_ms"])
+
+
+ROWS: list[Row] = [
+    Row("P73", "its `· 2.0` alone, on 1 GiB (the method's `scale`)", "00_method", "scale_torch", "scale_ours",
+        floor_passes=2),
+    Row("P73", "BN · 2.0 on the conv output, training mode", "01_bn_modes", "eager_bn_scale",
+        "ours_bn_scale_train", compiled="compile_bn_scale", floor_passes=3),
+    Row("P73", "BN · 2.0 on the conv output, eval mode", "01_bn_modes", "eager_bn_scale_eval",
+        "ours_bn_scale_eval", floor_passes=2),
+    Row("P73", "conv + BN + · 2.0, eval mode, BN folded into the conv", "02_bn_folding", "eager_eval",
+        "ours_fast", compiled="compile_eval"),
+    Row("P73", "the whole problem, training mode (the benchmark's)", "06_capstone_conv_bn_scale", "eager_train",
+        "ours_train", compiled="compile_train"),
+    Row("P73", "the whole problem, eval mode", "06_capstone_conv_bn_scale", "eager_eval", "ours_eval",
+        compiled="compile_eval"),
+    Row("P27", "the whole problem", "07_capstone_conv3d_groupnorm_mean", "eager", "ours", compiled="compile"),
+]
+
+COLUMNS = ["problem", "operation", "chapter", "eager ms", "torch.compile ms", "ours ms", "× eager",
+           "× torch.compile", "% of floor"]
+
+
+def _load(chapter: str, gpu_slug: str, root: Path) -> dict | None:
+    p = root / gpu_slug / f"{chapter}.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _median(rec: dict, variant: str | None) -> float | None:
+    t = rec.get("timings_ms", {}).get(variant) if variant else None
+    return None if t is None else float(t["median"])
+
+
+def floor_ms(row: Row, rec: dict) -> float | None:
+    """The row's floor in ms: its passes at the copy rate of the same run, or the chapter's stored floor."""
+    if row.floor_passes is not None:
+        copy = _median(rec, COPY)
+        return None if copy is None else copy * row.floor_passes / 2
+    stored = rec.get("floor_ms", {})
+    return float(stored[row.ours]) if isinstance(stored, dict) and row.ours in stored else None
+
+
+def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
+    """The table's rows (numbers, not text) for every row whose chapter has a record on ``gpu_slug``."""
+    slug = gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
+    out = []
+    for row in ROWS:
+        rec = _load(row.chapter, slug, root)
+        if rec is None:
+            continue
+        eager, comp, ours, floor = (_median(rec, row.eager), _median(rec, row.compiled), _median(rec, row.ours),
+                                    floor_ms(row, rec))
+        out.append({
+            "problem": row.problem, "operation": row.what, "chapter": row.chapter,
+            "eager ms": eager, "torch.compile ms": comp, "ours ms": ours,
+            "× eager": eager / ours if eager and ours else None,
+            "× torch.compile": comp / ours if comp and ours else None,
+            "% of floor": 100 * floor / ours if floor and ours else None,
+            "gpu": rec["provenance"]["gpu"], "torch": rec["provenance"]["torch"], "date": rec["provenance"]["date"],
+        })
+    return out
+
+
+def missing(gpu_slug: str | None = None, root: Path = RESULTS) -> list[str]:
+    """Variants a row names that its (existing) record lacks: the table and the record disagree."""
+    slug = gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
+    out = []
+    for row in ROWS:
+        rec = _load(row.chapter, slug, root)
+        if rec is None:
+            continue
+        for v in (row.eager, row.ours, row.compiled) + ((COPY,) if row.floor_passes else ()):
+            if v and _median(rec, v) is None:
+                out.append(f"{row.chapter}: {v}")
+    return out
+
+
+def _in_toc(chapter: str) -> bool:
+    toc = ROOT / "_toc.yml"
+    return toc.is_file() and f"notebooks/{chapter}" in toc.read_text()
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
+    """The results table as MyST Markdown, chapters linked when the book contains them."""
+    rs = rows(gpu_slug, root)
+    if not rs:
+        return "*No chapter has recorded results yet.*"
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 3 + "--:|" * (len(COLUMNS) - 3)]
+    for r in rs:
+        ch = f"{{doc}}`{r['chapter'][:2]} <notebooks/{r['chapter']}>`" if _in_toc(r["chapter"]) else r["chapter"][:2]
+        cells = [r["problem"], r["operation"], ch, _fmt(r["eager ms"], ".3f"), _fmt(r["torch.compile ms"], ".3f"),
+                 _fmt(r["ours ms"], ".3f"), _fmt(r["× eager"], ".2f"), _fmt(r["× torch.compile"], ".2f"),
+                 _fmt(r["% of floor"], ".0f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    gpus = sorted({f"{r['gpu']} (torch {r['torch']})" for r in rs})
+    dates = sorted(r["date"] for r in rs)
+    lines.append("")
+    lines.append(f"Medians of CUDA-event timings with L2 flushed, recorded on {', '.join(gpus)} between "
+                 f"{dates[0]} and {dates[-1]}; speed-ups are eager's (or `torch.compile`'s) time over ours; "
+                 f"— where a chapter did not time that variant or store that floor.")
+    return "\n".join(lines)
+
+
+def show(gpu_slug: str | None = None) -> None:
+    """Display the table in a notebook (the intro page's one code cell)."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(markdown_table(gpu_slug)))

@@ -1,0 +1,67 @@
+"""The intro's results table is computed from the chapters' records and agrees with them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernelbook import summary
+from kernelbook.paths import RESULTS, ROOT
+from kernelbook.records import DEFAULT_GPU
+
+
+def _median(chapter, variant):
+    rec = json.loads((RESULTS / DEFAULT_GPU / f"{chapter}.json").read_text())
+    return rec["timings_ms"][variant]["median"]
+
+
+def test_every_recorded_chapter_in_the_table_has_the_variants_it_names():
+    assert summary.missing(DEFAULT_GPU) == [], "a row names variants its chapter's record lacks: fix summary.ROWS"
+
+
+def test_table_has_a_row_for_every_recorded_chapter_it_knows():
+    recorded = {p.stem for p in (RESULTS / DEFAULT_GPU).glob("*.json")}
+    shown = {r["chapter"] for r in summary.rows(DEFAULT_GPU)}
+    assert shown == recorded & {row.chapter for row in summary.ROWS}
+    assert {"00_method", "01_bn_modes"} <= shown
+
+
+@pytest.mark.parametrize("row", [r for r in summary.ROWS if (RESULTS / DEFAULT_GPU / f"{r.chapter}.json").is_file()],
+                         ids=lambda r: f"{r.chapter}:{r.ours}")
+def test_numbers_are_the_records(row):
+    got = next(r for r in summary.rows(DEFAULT_GPU) if r["chapter"] == row.chapter and r["operation"] == row.what)
+    eager, ours = _median(row.chapter, row.eager), _median(row.chapter, row.ours)
+    assert got["eager ms"] == eager and got["ours ms"] == ours
+    assert got["× eager"] == pytest.approx(eager / ours)
+    if row.compiled:
+        assert got["× torch.compile"] == pytest.approx(_median(row.chapter, row.compiled) / ours)
+    if row.floor_passes:
+        floor = _median(row.chapter, summary.COPY) * row.floor_passes / 2
+        assert got["% of floor"] == pytest.approx(100 * floor / ours)
+        assert 0 < got["% of floor"] <= 105, "faster than the copy rate allows: a wrong pass count?"
+    text = summary.markdown_table(DEFAULT_GPU)
+    assert f"| {ours:.3f} |" in text and f"| {eager:.3f} |" in text
+
+
+def test_table_grows_with_records_and_reads_a_stored_floor(tmp_path):
+    assert summary.rows("h200", root=tmp_path) == []
+    assert "No chapter has recorded" in summary.markdown_table("h200", root=tmp_path)
+    (tmp_path / "h200").mkdir()
+    t = lambda ms: {"median": ms, "q20": ms, "q80": ms}
+    rec = {"chapter": "07_capstone_conv3d_groupnorm_mean", "floor_ms": {"ours": 1.0},
+           "provenance": {"gpu": "NVIDIA H200", "torch": "2.11.0", "date": "2026-11-29 12:00 UTC"},
+           "timings_ms": {"eager": t(12.0), "compile": t(10.0), "ours": t(2.0)}}
+    (tmp_path / "h200" / "07_capstone_conv3d_groupnorm_mean.json").write_text(json.dumps(rec))
+    (row,) = summary.rows("h200", root=tmp_path)
+    assert row["problem"] == "P27" and row["× eager"] == 6.0 and row["× torch.compile"] == 5.0
+    assert row["% of floor"] == 50.0
+    del rec["timings_ms"]["compile"]
+    (tmp_path / "h200" / "07_capstone_conv3d_groupnorm_mean.json").write_text(json.dumps(rec))
+    assert summary.missing("h200", root=tmp_path) == ["07_capstone_conv3d_groupnorm_mean: compile"]
+    assert "| — |" in summary.markdown_table("h200", root=tmp_path)
+
+
+def test_intro_builds_the_table_at_build_time():
+    intro = (ROOT / "book" / "intro.md").read_text()
+    assert "```{code-cell} ipython3" in intro and "summary.show()" in intro
