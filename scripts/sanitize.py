@@ -86,7 +86,34 @@ def mappings() -> None:
             check.assert_close(out, ref, tol=check.FP32_UNIT_ROUNDOFF, what=f"affine {name} {shape}")
 
 
-WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings}
+def group_stats() -> None:
+    from torch import nn
+
+    from kernelbook import variance
+
+    mod = kb.build.load("group_stats")
+    # (shape, groups, offset of x's data in floats): tails, misaligned rows, one block and several per group
+    cases = [((3, 6, 7), 3, 0), ((2, 8, 33), 4, 1), ((1, 4, 8195), 2, 3), ((4, 4, 1), 2, 0), ((0, 4, 5), 2, 0)]
+    for shape, groups, offset in cases:
+        numel = shape[0] * shape[1] * shape[2]
+        x = check.rand([numel + offset], seed=numel, device="cuda", low=-1, high=3)[offset:].view(shape)
+        v64, m64 = torch.var_mean(x.double().reshape(shape[0], groups, -1), dim=-1, correction=0)
+        for algo in ("onepass", "twopass", "welford", "welford_noshift"):
+            mean = check.poisoned([shape[0], groups], device="cuda")
+            var = check.poisoned([shape[0], groups], device="cuda")
+            mod.group_stats(x, groups, algo, mean, var)
+            check.assert_close(var, v64, variance.stats_tol(x, groups, algo) if numel else 1.0, what=f"{algo} {shape}")
+            check.assert_close(mean, m64, 1e-5, what=f"{algo} mean {shape}")
+        gn = nn.GroupNorm(groups, shape[1]).double().cuda()
+        out = check.poisoned(shape, device="cuda")
+        mod.group_norm(x, groups, gn.weight.float(), gn.bias.float(), gn.eps, out)
+        if numel:
+            with torch.no_grad():
+                tol = check.normalisation_tol(x.reshape(shape[0], groups, -1), (2,))
+                check.assert_close(out, gn(x.double()), tol, what=f"group norm {shape}")
+
+
+WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings, "group_stats": group_stats}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)
