@@ -350,7 +350,7 @@ def plot_footprint(addresses: Sequence[int] | np.ndarray, elem_bytes: int = 4,
     ax.set_yticks(np.arange(len(lines)) + 0.4, labels, fontsize=7 if len(lines) > 12 else 8)
     ax.grid(False)
     st = warp_request(a, elem_bytes)
-    ax.set_title(title or f"{len(a)} lanes: {st['sectors']} sectors in {st['lines']} lines, "
+    ax.set_title(title or f"{len(a)} lanes: {st['sectors']} sectors in {st['lines']} line(s), "
                           f"{st['efficiency']:.0%} of fetched bytes used")
     return ax
 
