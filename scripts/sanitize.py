@@ -86,6 +86,22 @@ def mappings() -> None:
             check.assert_close(out, ref, tol=check.FP32_UNIT_ROUNDOFF, what=f"affine {name} {shape}")
 
 
+def ceilings() -> None:
+    mod = kb.build.load("ceilings")
+    # A tile is 4096 floats (16 KiB): tails, partial tiles, and more tiles than resident blocks (atomic path).
+    for n in (0, 1, 3, 4, 5, 1023, 4096 + 3, 4096 * 5 + 4 * 7 + 3, 4096 * 1100 + 5):
+        for schedule in ("dynamic", "static"):
+            x = check.rand([n], seed=n, device="cuda")
+            out = check.poisoned([n], device="cuda")
+            mod.copy(x, out, schedule)
+            assert torch.equal(out, x), f"copy n={n} {schedule}"
+    for iters, blocks in ((0, 1), (37, 3)):  # 37: one unrolled trip of 32 and 5 leftover steps
+        out, clocks = mod.ffma(iters, 1.0, 1.0, blocks)
+        t = torch.arange(out.numel(), device="cuda", dtype=torch.float64)
+        ref = sum((t % 64) + j + iters * (j + 1) for j in range(mod.FFMA_CHAINS))
+        check.assert_close(out, ref, tol=check.FP32_UNIT_ROUNDOFF, what=f"ffma iters={iters}")
+
+
 def group_stats() -> None:
     from torch import nn
 
@@ -113,7 +129,8 @@ def group_stats() -> None:
                 check.assert_close(out, gn(x.double()), tol, what=f"group norm {shape}")
 
 
-WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings, "group_stats": group_stats}
+WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings,
+             "ceilings": ceilings, "group_stats": group_stats}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)

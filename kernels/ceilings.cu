@@ -1,0 +1,166 @@
+// ceilings.cu — two kernels that measure the GPU's ceilings: how many bytes per second it can stream
+// from DRAM and back, and how many FP32 fused multiply-adds per second it can retire.
+//
+// A roofline needs both numbers, measured, not read off a datasheet: the datasheet's bandwidth is the
+// pins' signalling rate and its FLOP/s assumes the boost clock. Plain CUDA: no torch headers.
+//
+// copy  — y = x over float32 arrays, in 16-byte float4 accesses (x and y must be 16-byte aligned;
+//         the last n % 4 elements, the "tail", are copied by block 0 with scalar accesses). The grid
+//         is sized from the SM count: as many 256-thread blocks as fit on the GPU at once. Work comes
+//         in tiles of 256 threads × 4 float4 = 16 KiB; a thread issues its 4 loads before its first
+//         store. Two schedules: *static* — block b copies tiles b, b + grid, b + 2·grid, …; *dynamic*
+//         — a block's first tile is its index, and each next one comes from an atomic counter, so a
+//         block that runs ahead takes more tiles (the caller zeroes the counter).
+// ffma  — kChains independent recurrences a ← fma(a, m, c_j) per thread, kUnroll steps per loop trip:
+//         with 8 warps per SM sub-partition, each holding 8 independent FMAs, the FP32 pipes never
+//         wait on a result. Each thread writes the sum of its chains, so nothing can be deleted, and
+//         thread 0 of each block records the SM cycles and nanoseconds its loop took: their ratio is
+//         the clock the kernel actually ran at.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+namespace {
+
+constexpr int kCopyThreads = 256;                                  // 8 warps per block
+constexpr int kCopyUnroll = 4;                                     // float4 loads in flight per thread
+constexpr int64_t kCopyTile = int64_t{kCopyThreads} * kCopyUnroll;  // float4s per tile: 16 KiB
+
+template <bool kDynamic>
+__global__ void __launch_bounds__(kCopyThreads)
+copy_vec4_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, int64_t tiles,
+                 unsigned long long* __restrict__ next_tile) {
+    const int64_t n4 = n / 4;
+    const float4* __restrict__ x4 = reinterpret_cast<const float4*>(x);
+    float4* __restrict__ y4 = reinterpret_cast<float4*>(y);
+    __shared__ int64_t s_next;
+
+    int64_t tile = blockIdx.x;
+    while (tile < tiles) {
+        if (kDynamic && threadIdx.x == 0)  // ask for the next tile now: the atomic's latency hides behind the copy
+            s_next = static_cast<int64_t>(atomicAdd(next_tile, 1ull)) + gridDim.x;
+        const int64_t base = tile * kCopyTile + threadIdx.x;
+        if (base + (kCopyUnroll - 1) * kCopyThreads < n4) {  // a whole tile: no bounds checks
+            float4 v[kCopyUnroll];
+#pragma unroll
+            for (int u = 0; u < kCopyUnroll; ++u) v[u] = x4[base + u * kCopyThreads];
+#pragma unroll
+            for (int u = 0; u < kCopyUnroll; ++u) y4[base + u * kCopyThreads] = v[u];
+        } else {  // the last, partial tile
+#pragma unroll
+            for (int u = 0; u < kCopyUnroll; ++u) {
+                const int64_t i = base + u * kCopyThreads;
+                if (i < n4) y4[i] = x4[i];
+            }
+        }
+        if (kDynamic) {
+            __syncthreads();  // s_next is written
+            tile = s_next;
+            __syncthreads();  // everyone has read it before thread 0 overwrites it
+        } else {
+            tile += gridDim.x;
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - 4 * n4) {  // the tail: the last n % 4 elements
+        const int64_t j = 4 * n4 + threadIdx.x;
+        y[j] = x[j];
+    }
+}
+
+constexpr int kFfmaThreads = 256;  // 8 warps per block
+constexpr int kChains = 8;         // independent FMA chains per thread
+constexpr int kFfmaUnroll = 32;    // steps per loop trip: 256 FFMAs against ~3 loop instructions
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__global__ void __launch_bounds__(kFfmaThreads)
+ffma_kernel(float* __restrict__ out, long long* __restrict__ clocks, int iters, float m, float c) {
+    const int64_t t = static_cast<int64_t>(blockIdx.x) * kFfmaThreads + threadIdx.x;
+    float a[kChains], cj[kChains];
+#pragma unroll
+    for (int j = 0; j < kChains; ++j) {
+        a[j] = static_cast<float>((t & 63) + j);  // a_j(0) = (t mod 64) + j: distinct chains
+        cj[j] = c * static_cast<float>(j + 1);    // c_j = c·(j + 1)
+    }
+    const long long cycles0 = clock64();
+    const unsigned long long ns0 = global_ns();
+    int i = 0;
+    for (; i + kFfmaUnroll <= iters; i += kFfmaUnroll) {
+#pragma unroll
+        for (int u = 0; u < kFfmaUnroll; ++u) {
+#pragma unroll
+            for (int j = 0; j < kChains; ++j) a[j] = fmaf(a[j], m, cj[j]);
+        }
+    }
+#pragma unroll 1
+    for (; i < iters; ++i) {  // iters % kFfmaUnroll leftover steps
+#pragma unroll
+        for (int j = 0; j < kChains; ++j) a[j] = fmaf(a[j], m, cj[j]);
+    }
+    const long long cycles1 = clock64();
+    const unsigned long long ns1 = global_ns();
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChains; ++j) s += a[j];
+    out[t] = s;
+    if (clocks != nullptr && threadIdx.x == 0) {
+        clocks[2 * blockIdx.x] = cycles1 - cycles0;
+        clocks[2 * blockIdx.x + 1] = static_cast<long long>(ns1 - ns0);
+    }
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline cudaError_t resident_grid(const void* kernel, int threads, int* blocks) {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+    *blocks = sms * per_sm;
+    return err;
+}
+
+}  // namespace
+
+// Threads per block of the FFMA kernel and chains per thread: FLOP = 2 · blocks · threads · chains · iters.
+int ffma_threads_per_block() { return kFfmaThreads; }
+int ffma_chains() { return kChains; }
+
+// Blocks of `kernel` ("copy" or "ffma") that are resident on the whole GPU at once: SMs × blocks per SM.
+cudaError_t ceilings_resident_blocks(bool ffma, int* blocks) {
+    return ffma ? resident_grid(reinterpret_cast<const void*>(ffma_kernel), kFfmaThreads, blocks)
+                : resident_grid(reinterpret_cast<const void*>(copy_vec4_kernel<true>), kCopyThreads, blocks);
+}
+
+// y[i] = x[i] for i < n. x and y: 16-byte aligned, not overlapping. `next_tile`: one zeroed counter
+// (dynamic schedule only; may be null for the static one). Returns the launch's error.
+cudaError_t launch_copy(const float* x, float* y, int64_t n, bool dynamic, unsigned long long* next_tile,
+                        cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    if (!aligned16(x) || !aligned16(y) || (dynamic && next_tile == nullptr)) return cudaErrorInvalidValue;
+    const int64_t tiles = (n / 4 + kCopyTile - 1) / kCopyTile;  // ceil, never floor
+    int resident = 0;
+    const cudaError_t err = ceilings_resident_blocks(false, &resident);
+    if (err != cudaSuccess) return err;
+    int64_t blocks = tiles < resident ? tiles : resident;
+    if (blocks < 1) blocks = 1;  // n < 4: block 0 does the tail
+    if (dynamic)
+        copy_vec4_kernel<true><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(x, y, n, tiles, next_tile);
+    else
+        copy_vec4_kernel<false><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(x, y, n, tiles, nullptr);
+    return cudaGetLastError();
+}
+
+// out[t] = Σ_j a_j after `iters` steps a_j ← fma(a_j, m, c·(j+1)) from a_j = (t mod 64) + j, for
+// t < blocks · ffma_threads_per_block(). clocks (may be null): 2 per block, SM cycles and ns of the loop.
+cudaError_t launch_ffma(float* out, long long* clocks, int blocks, int iters, float m, float c,
+                        cudaStream_t stream) {
+    if (blocks <= 0 || iters < 0) return cudaErrorInvalidValue;
+    ffma_kernel<<<static_cast<unsigned>(blocks), kFfmaThreads, 0, stream>>>(out, clocks, iters, m, c);
+    return cudaGetLastError();
+}
