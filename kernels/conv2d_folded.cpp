@@ -17,6 +17,7 @@ cudaError_t launch_conv2d_simple(const float* x, const float* w, const float* b,
 cudaError_t launch_conv2d_tiled(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in,
                                 int H, int W, int C_out, cudaStream_t stream);
 int conv2d_tiled_kernel_size();
+int64_t conv2d_tiled_tiles(int64_t N, int H, int W, int C_out);
 
 namespace {
 
@@ -80,6 +81,10 @@ torch::Tensor conv2d_folded(const torch::Tensor& x, const torch::Tensor& weight,
     const int k = conv2d_tiled_kernel_size();
     KB_CHECK(weight.size(2) == k, op, ": the tiled kernel is specialised for ", k, "x", k, " filters, got ",
              weight.size(2), "x", weight.size(3), " (conv2d_simple takes any size)");
+    const int64_t tiles = conv2d_tiled_tiles(x.size(0), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                                             static_cast<int>(weight.size(0)));
+    KB_CHECK(tiles <= INT_MAX, op, ": the output splits into ", tiles, " tiles, more than the kernel's 2^31 - 1; ",
+             "split the batch");
     const c10::cuda::CUDAGuard guard(x.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     kb::check_launch(launch_conv2d_tiled(x.data_ptr<float>(), weight.data_ptr<float>(), bias.data_ptr<float>(),

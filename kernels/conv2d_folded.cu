@@ -4,11 +4,12 @@
 //
 // Two versions, the chapter compares them:
 //   conv2d_simple_kernel — one thread per output element, every operand loaded from global memory.
-//   conv2d_tiled_kernel  — register blocking: each thread owns 16 output channels × 4 columns (64
-//                          accumulators), so each input value it loads feeds 16·3 FMAs and each weight
-//                          feeds 4; the block stages its input rows and its weights in shared memory.
+//   conv2d_tiled_kernel  — register blocking: each thread owns 8 output channels × 4 columns (32
+//                          accumulators), so each input value it loads feeds up to 8·3 FMAs and each
+//                          weight feeds 4; the block stages its input rows and its weights in shared memory.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 namespace {
@@ -43,24 +44,25 @@ __global__ void conv2d_simple_kernel(const float* __restrict__ x, const float* _
 // ---------------------------------------------------------------------------------------------------
 // Version 2: register-blocked and tiled, for 3×3 kernels.
 //
-// A block computes a tile of ROWS output rows × TILE_W output columns × (16 · groups) output
-// channels of one image. Warp (g, r) owns row r and channels 16g … 16g+15; lane l owns the column
-// pairs 2l + 64p (p = 0, 1), so each warp store writes 32 consecutive float2 = 256 contiguous bytes.
-// Per input channel and filter row, a thread reads 8 input values and 48 weights from shared memory
-// (weights as float4 broadcasts: every lane reads the same address) and issues 192 FFMAs.
+// A block computes a tile of ROWS output rows × TILE_W output columns × (CO_T · groups) output
+// channels of one image. Warp (g, r) owns row r and channels CO_T·g … CO_T·g + CO_T−1; lane l owns
+// the column pairs 2l + 64p (p = 0, 1), so each warp store writes 32 consecutive float2 = 256
+// contiguous bytes. Per input channel and filter row, a thread reads 8 input values and 3·CO_T
+// weights from shared memory (weights as float4 broadcasts: every lane reads the same address) and
+// issues 12·CO_T FFMAs.
 // Blocks are persistent: each loops over tiles, keeping its weights in shared memory when all input
 // channels fit one chunk (P73: 8 input channels), so weights are staged once per block, not per tile.
 // ---------------------------------------------------------------------------------------------------
 // The tile shape can be changed at compile time (-DKB_CONV_ROWS=4 …) to explore it; the defaults are
-// the measured best on an H200 for P73 (notes/conv2d_folded.md).
+// the best of the shapes measured on an H200 for P73 (chapter 2's sweep, notes/conv2d_folded.md).
 #ifndef KB_CONV_ROWS
 #define KB_CONV_ROWS 2
 #endif
 #ifndef KB_CONV_CO_T
-#define KB_CONV_CO_T 16
+#define KB_CONV_CO_T 8
 #endif
 #ifndef KB_CONV_GROUPS
-#define KB_CONV_GROUPS 4
+#define KB_CONV_GROUPS 8
 #endif
 #ifndef KB_CONV_MIN_BLOCKS
 #define KB_CONV_MIN_BLOCKS 2
@@ -79,10 +81,9 @@ constexpr int IN_PITCH = TILE_W + 4;           // 132: a multiple of 4 floats ke
 constexpr int THREADS = 32 * ROWS * MAX_GROUPS;
 
 struct TiledShape {
-    int64_t N;
-    int C_in, H, W, C_out, HO, WO;
+    int N, C_in, H, W, C_out, HO, WO;
     int row_tiles, col_tiles, co_blocks, groups;
-    int64_t n_tiles;
+    int n_tiles;
     bool y_even;  // y's base address is 8-byte aligned: float2 stores are legal where the offset is even
 };
 
@@ -99,36 +100,41 @@ conv2d_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, co
     const int n_threads = 32 * ROWS * s.groups;
     const int co_b = CO_T * s.groups;          // channels per block
     const bool weights_resident = s.C_in <= CI_CHUNK;
-    int64_t resident_co_block = -1;
+    int resident_co_block = -1;
 
-    // Tile order: channel block slowest, so consecutive tiles of a block share their weights.
-    for (int64_t tile = blockIdx.x; tile < s.n_tiles; tile += gridDim.x) {
-        int64_t t = tile;
-        const int ct = static_cast<int>(t % s.col_tiles);
+    // Tile order: channel block slowest, so consecutive tiles of a block share their weights. The
+    // launcher guarantees fewer than 2^31 tiles (32-bit tile arithmetic keeps registers for the FMAs).
+    for (int tile = blockIdx.x; tile < s.n_tiles; tile += gridDim.x) {
+        int t = tile;
+        const int ct = t % s.col_tiles;
         t /= s.col_tiles;
-        const int rt = static_cast<int>(t % s.row_tiles);
+        const int rt = t % s.row_tiles;
         t /= s.row_tiles;
         const int64_t n = t % s.N;
-        const int cb = static_cast<int>(t / s.N);
+        const int cb = t / s.N;
         const int oh0 = rt * ROWS, ow0 = ct * TILE_W, co0 = cb * co_b;
 
+        // Accumulators start at the bias (one add fewer per output); channels past C_out start at 0.
         float acc[CO_T][2 * PAIRS];
 #pragma unroll
-        for (int c = 0; c < CO_T; ++c)
+        for (int c = 0; c < CO_T; ++c) {
+            const int co = co0 + CO_T * g + c;
+            const float bias = co < s.C_out ? b[co] : 0.0f;
 #pragma unroll
-            for (int j = 0; j < 2 * PAIRS; ++j) acc[c][j] = 0.0f;
+            for (int j = 0; j < 2 * PAIRS; ++j) acc[c][j] = bias;
+        }
 
         for (int ci0 = 0; ci0 < s.C_in; ci0 += CI_CHUNK) {
             const int nci = min(CI_CHUNK, s.C_in - ci0);
-            // Stage input rows oh0 … oh0+IN_ROWS-1, columns ow0 … ow0+IN_W-1 (zeros outside the image:
-            // they only feed outputs that are never stored). Column fastest: coalesced loads.
-            for (int i = threadIdx.x; i < CI_CHUNK * IN_ROWS * IN_W; i += n_threads) {
-                const int col = i % IN_W, row = (i / IN_W) % IN_ROWS, c = i / (IN_W * IN_ROWS);
-                const int ih = oh0 + row, iw = ow0 + col;
-                float v = 0.0f;
-                if (c < nci && ih < s.H && iw < s.W)
-                    v = x[((n * s.C_in + ci0 + c) * s.H + ih) * static_cast<int64_t>(s.W) + iw];
-                in_s[c][row][col] = v;
+            // Stage input rows oh0 … oh0+IN_ROWS-1, columns ow0 … ow0+IN_W-1, one row per warp at a time,
+            // lanes along the row (coalesced loads, no index divisions); zeros outside the image feed only
+            // outputs that are never stored.
+            for (int cr = warp; cr < CI_CHUNK * IN_ROWS; cr += n_threads / 32) {
+                const int c = cr / IN_ROWS, row = cr % IN_ROWS, ih = oh0 + row;
+                const bool row_ok = c < nci && ih < s.H;
+                const float* xrow = x + ((n * s.C_in + ci0 + c) * s.H + ih) * static_cast<int64_t>(s.W) + ow0;
+                for (int col = lane; col < IN_W; col += 32)
+                    in_s[c][row][col] = row_ok && ow0 + col < s.W ? xrow[col] : 0.0f;
             }
             if (!weights_resident || resident_co_block != cb) {
                 // w_s[c][k][co] = W[co0+co][ci0+c][k]; zeros for missing channels (their FMAs are wasted,
@@ -144,6 +150,7 @@ conv2d_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, co
             }
             __syncthreads();
 
+#pragma unroll 1
             for (int c = 0; c < nci; ++c) {
 #pragma unroll
                 for (int kh = 0; kh < K3; ++kh) {
@@ -177,25 +184,24 @@ conv2d_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, co
             __syncthreads();  // before the next chunk or tile overwrites the staged input
         }
 
-        // Epilogue: add the bias, store float2 pairs where aligned and in range, single floats at the edges.
+        // Epilogue: float2 stores where every row starts 8-byte aligned (y aligned and WO even: P73),
+        // single floats otherwise and at the right edge. A warp's float2 stores cover 256 contiguous bytes.
         const int oh = oh0 + r;
         if (oh < s.HO) {
+            const int64_t plane = static_cast<int64_t>(s.HO) * s.WO;
+            float* yrow = y + ((n * s.C_out + co0 + CO_T * g) * s.HO + oh) * static_cast<int64_t>(s.WO);
+            const bool pairs_ok = s.y_even && (s.WO & 1) == 0;
 #pragma unroll
-            for (int c = 0; c < CO_T; ++c) {
-                const int co = co0 + CO_T * g + c;
-                if (co >= s.C_out) break;
-                const float bias = b[co];
-                float* yrow = y + ((n * s.C_out + co) * s.HO + oh) * static_cast<int64_t>(s.WO);
-                const bool row_even = s.y_even && ((((n * s.C_out + co) * s.HO + oh) * s.WO) & 1) == 0;
+            for (int c = 0; c < CO_T; ++c, yrow += plane) {
+                if (co0 + CO_T * g + c >= s.C_out) break;
 #pragma unroll
                 for (int p = 0; p < PAIRS; ++p) {
                     const int col = ow0 + 2 * lane + 64 * p;
-                    const float v0 = acc[c][2 * p] + bias, v1 = acc[c][2 * p + 1] + bias;
-                    if (col + 1 < s.WO && row_even) {
-                        *reinterpret_cast<float2*>(yrow + col) = make_float2(v0, v1);
+                    if (pairs_ok && col + 1 < s.WO) {
+                        *reinterpret_cast<float2*>(yrow + col) = make_float2(acc[c][2 * p], acc[c][2 * p + 1]);
                     } else {
-                        if (col < s.WO) yrow[col] = v0;
-                        if (col + 1 < s.WO) yrow[col + 1] = v1;
+                        if (col < s.WO) yrow[col] = acc[c][2 * p];
+                        if (col + 1 < s.WO) yrow[col + 1] = acc[c][2 * p + 1];
                     }
                 }
             }
@@ -219,17 +225,29 @@ cudaError_t launch_conv2d_simple(const float* x, const float* w, const float* b,
 // Limits the binding checks before calling (so they are reported as clear errors, not launch failures).
 int conv2d_tiled_kernel_size() { return K3; }
 
+// The tiled kernel's work list: tiles of ROWS × TILE_W × (CO_T · groups) outputs. The binding checks
+// the count fits 31 bits (it always does below ~8 GB of output).
+int64_t conv2d_tiled_tiles(int64_t N, int H, int W, int C_out) {
+    const int64_t ho = H - K3 + 1, wo = W - K3 + 1;
+    if (N <= 0 || C_out <= 0 || ho <= 0 || wo <= 0) return 0;
+    const int64_t groups = (C_out + CO_T - 1) / CO_T < MAX_GROUPS ? (C_out + CO_T - 1) / CO_T : MAX_GROUPS;
+    return N * ((ho + ROWS - 1) / ROWS) * ((wo + TILE_W - 1) / TILE_W) *
+           ((C_out + CO_T * groups - 1) / (CO_T * groups));
+}
+
 cudaError_t launch_conv2d_tiled(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in,
                                 int H, int W, int C_out, cudaStream_t stream) {
+    const int64_t n_tiles = conv2d_tiled_tiles(N, H, W, C_out);
+    if (n_tiles == 0) return cudaSuccess;
+    if (n_tiles > INT_MAX) return cudaErrorInvalidValue;
     TiledShape s;
-    s.N = N; s.C_in = C_in; s.H = H; s.W = W; s.C_out = C_out;
+    s.N = static_cast<int>(N); s.C_in = C_in; s.H = H; s.W = W; s.C_out = C_out;
     s.HO = H - K3 + 1; s.WO = W - K3 + 1;
-    if (N == 0 || C_out == 0 || s.HO <= 0 || s.WO <= 0) return cudaSuccess;
     s.groups = (C_out + CO_T - 1) / CO_T < MAX_GROUPS ? (C_out + CO_T - 1) / CO_T : MAX_GROUPS;
     s.row_tiles = (s.HO + ROWS - 1) / ROWS;
     s.col_tiles = (s.WO + TILE_W - 1) / TILE_W;
     s.co_blocks = (C_out + CO_T * s.groups - 1) / (CO_T * s.groups);
-    s.n_tiles = N * s.row_tiles * s.col_tiles * s.co_blocks;
+    s.n_tiles = static_cast<int>(n_tiles);
     s.y_even = (reinterpret_cast<uintptr_t>(y) & 7) == 0;
 
     // Persistent blocks: as many as fit on the GPU at once (asked once per device and block size).
@@ -246,8 +264,7 @@ cudaError_t launch_conv2d_tiled(const float* x, const float* w, const float* b, 
         if (err != cudaSuccess) return err;
         resident_blocks = sms * (per_sm > 0 ? per_sm : 1);
     }
-    const int64_t resident = resident_blocks;
-    const unsigned grid = static_cast<unsigned>(s.n_tiles < resident ? s.n_tiles : resident);
+    const int grid = s.n_tiles < resident_blocks ? s.n_tiles : resident_blocks;
     conv2d_tiled_kernel<<<grid, 32 * ROWS * s.groups, 0, stream>>>(x, w, b, y, s);
     return cudaGetLastError();
 }
