@@ -15,6 +15,7 @@ bit-exact replays. The reference is always float64 on the same float32 data.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -256,7 +257,8 @@ def group_ratio(x, groups: int):
     """|μ|/σ of every (sample, group) of an (N, C, *) torch tensor, in float64: what decides the one-pass error."""
     import torch
 
-    v = x.detach().reshape(x.shape[0], groups, -1).to(torch.float64)
+    per_group = math.prod(x.shape[1:]) // groups  # explicit: reshape cannot infer -1 for an empty batch
+    v = x.detach().reshape(x.shape[0], groups, per_group).to(torch.float64)
     var, mean = torch.var_mean(v, dim=-1, correction=0)
     return mean.abs() / var.sqrt().clamp_min(torch.finfo(torch.float64).tiny)
 
@@ -269,7 +271,7 @@ def stats_tol(x, groups: int, algo: str, k: float = 16.0, floor: float = 1e-6) -
     (each state's mean is a rounded float of size |μ|, entering Chan's merge at first order); two-pass and
     shifted Welford by a few u. We allow ``k`` roundings of that size, never less than ``floor``.
     """
-    kappa = float(group_ratio(x, groups).max())
+    kappa = min(float(group_ratio(x, groups).max()), 1e100)  # a group of equal values has σ = 0: κ = ∞
     growth = {"onepass": 1.0 + kappa**2, "welford_noshift": 1.0 + kappa}.get(algo, 1.0)
     return max(floor, k * UNIT_ROUNDOFF[np.dtype(np.float32)] * growth)
 
