@@ -113,7 +113,8 @@ def group_stats() -> None:
     for shape, groups, offset in cases:
         numel = shape[0] * shape[1] * shape[2]
         x = check.rand([numel + offset], seed=numel, device="cuda", low=-1, high=3)[offset:].view(shape)
-        v64, m64 = torch.var_mean(x.double().reshape(shape[0], groups, -1), dim=-1, correction=0)
+        per_group = shape[1] // groups * shape[2]  # explicit: reshape cannot infer -1 for an empty batch
+        v64, m64 = torch.var_mean(x.double().reshape(shape[0], groups, per_group), dim=-1, correction=0)
         for algo in ("onepass", "twopass", "welford", "welford_noshift"):
             mean = check.poisoned([shape[0], groups], device="cuda")
             var = check.poisoned([shape[0], groups], device="cuda")
