@@ -16,8 +16,8 @@
 int ffma_threads_per_block();
 int ffma_chains();
 cudaError_t ceilings_resident_blocks(bool ffma, int* blocks);
-cudaError_t launch_copy(const float* x, float* y, int64_t n, bool dynamic, unsigned long long* next_tile,
-                        cudaStream_t stream);
+cudaError_t launch_copy(const float* x, float* y, int64_t n, bool dynamic, int unroll,
+                        unsigned long long* next_tile, cudaStream_t stream);
 cudaError_t launch_ffma(float* out, long long* clocks, int blocks, int iters, float m, float c,
                         cudaStream_t stream);
 
@@ -27,11 +27,14 @@ bool aligned16(const torch::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.d
 
 }  // namespace
 
-// out = x, element for element, with 16-byte accesses. schedule: "dynamic" or "static" (see ceilings.cu).
-torch::Tensor copy_streaming(const torch::Tensor& x, const std::optional<torch::Tensor>& out, const std::string& schedule) {
+// out = x, element for element, with 16-byte accesses. schedule: "dynamic" or "static"; unroll: float4
+// loads per thread per tile, 4 or 8 (see ceilings.cu).
+torch::Tensor copy_streaming(const torch::Tensor& x, const std::optional<torch::Tensor>& out, const std::string& schedule,
+                             int64_t unroll) {
     kb::check_tensor(x, "copy", "x");
     KB_CHECK(schedule == "dynamic" || schedule == "static", "copy: schedule must be \"dynamic\" or \"static\", got \"",
              schedule, "\"");
+    KB_CHECK(unroll == 4 || unroll == 8, "copy: unroll must be 4 or 8 (float4 loads per thread per tile), got ", unroll);
     torch::Tensor y = out.has_value() ? *out : torch::empty_like(x);
     kb::check_tensor(y, "copy", "out");
     kb::check_shape(y, x.sizes(), "copy", "out");
@@ -46,7 +49,9 @@ torch::Tensor copy_streaming(const torch::Tensor& x, const std::optional<torch::
     torch::Tensor counter;  // the dynamic schedule's next-tile counter, zeroed (an 8-byte fill per call)
     if (dynamic && x.numel() > 0) counter = torch::zeros({1}, x.options().dtype(torch::kInt64));
     auto* next = counter.defined() ? reinterpret_cast<unsigned long long*>(counter.data_ptr<int64_t>()) : nullptr;
-    kb::check_launch(launch_copy(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), dynamic, next, stream), "copy");
+    kb::check_launch(launch_copy(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), dynamic, static_cast<int>(unroll),
+                                 next, stream),
+                     "copy");
     return y;
 }
 
@@ -96,7 +101,7 @@ std::map<std::string, int64_t> device_attributes() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("copy", &copy_streaming, "out = x with 16-byte accesses on a grid sized from the SM count", pybind11::arg("x"),
-          pybind11::arg("out") = pybind11::none(), pybind11::arg("schedule") = "dynamic");
+          pybind11::arg("out") = pybind11::none(), pybind11::arg("schedule") = "dynamic", pybind11::arg("unroll") = 4);
     m.def("ffma", &ffma_throughput, "FP32 FMA throughput kernel: (per-thread sums, per-block cycles and ns)",
           pybind11::arg("iters"), pybind11::arg("m") = 1.0, pybind11::arg("c") = 1.0, pybind11::arg("blocks") = 0);
     m.def("resident_blocks", &resident_blocks, "blocks of kernel 'copy' or 'ffma' resident on the GPU at once",

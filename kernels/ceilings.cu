@@ -7,10 +7,10 @@
 // copy  — y = x over float32 arrays, in 16-byte float4 accesses (x and y must be 16-byte aligned;
 //         the last n % 4 elements, the "tail", are copied by block 0 with scalar accesses). The grid
 //         is sized from the SM count: as many 256-thread blocks as fit on the GPU at once. Work comes
-//         in tiles of 256 threads × 4 float4 = 16 KiB; a thread issues its 4 loads before its first
-//         store. Two schedules: *static* — block b copies tiles b, b + grid, b + 2·grid, …; *dynamic*
-//         — a block's first tile is its index, and each next one comes from an atomic counter, so a
-//         block that runs ahead takes more tiles (the caller zeroes the counter).
+//         in tiles of 256 threads × U float4 (U = 4: 16 KiB, U = 8: 32 KiB); a thread issues its U
+//         loads before its first store. Two schedules: *static* — block b copies tiles b, b + grid,
+//         b + 2·grid, …; *dynamic* — a block's first tile is its index, and each next one comes from
+//         an atomic counter, so a block that runs ahead takes more tiles (the caller zeroes it).
 // ffma  — kChains independent recurrences a ← fma(a, m, c_j) per thread, kUnroll steps per loop trip:
 //         with 8 warps per SM sub-partition, each holding 8 independent FMAs, the FP32 pipes never
 //         wait on a result. Each thread writes the sum of its chains, so nothing can be deleted, and
@@ -23,14 +23,13 @@
 
 namespace {
 
-constexpr int kCopyThreads = 256;                                  // 8 warps per block
-constexpr int kCopyUnroll = 4;                                     // float4 loads in flight per thread
-constexpr int64_t kCopyTile = int64_t{kCopyThreads} * kCopyUnroll;  // float4s per tile: 16 KiB
+constexpr int kCopyThreads = 256;  // 8 warps per block
 
-template <bool kDynamic>
+template <int kCopyUnroll, bool kDynamic>  // kCopyUnroll: float4 loads in flight per thread
 __global__ void __launch_bounds__(kCopyThreads)
 copy_vec4_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, int64_t tiles,
                  unsigned long long* __restrict__ next_tile) {
+    constexpr int64_t kCopyTile = int64_t{kCopyThreads} * kCopyUnroll;  // float4s per tile
     const int64_t n4 = n / 4;
     const float4* __restrict__ x4 = reinterpret_cast<const float4*>(x);
     float4* __restrict__ y4 = reinterpret_cast<float4*>(y);
@@ -125,35 +124,54 @@ inline cudaError_t resident_grid(const void* kernel, int threads, int* blocks) {
     return err;
 }
 
+template <int kCopyUnroll, bool kDynamic>
+const void* copy_kernel() {
+    return reinterpret_cast<const void*>(copy_vec4_kernel<kCopyUnroll, kDynamic>);
+}
+
+template <int kCopyUnroll>
+cudaError_t launch_copy_u(const float* x, float* y, int64_t n, bool dynamic, unsigned long long* next_tile,
+                          cudaStream_t stream) {
+    constexpr int64_t kCopyTile = int64_t{kCopyThreads} * kCopyUnroll;
+    const int64_t tiles = (n / 4 + kCopyTile - 1) / kCopyTile;  // ceil, never floor
+    int resident = 0;
+    const cudaError_t err = resident_grid(dynamic ? copy_kernel<kCopyUnroll, true>() : copy_kernel<kCopyUnroll, false>(),
+                                          kCopyThreads, &resident);
+    if (err != cudaSuccess) return err;
+    int64_t blocks = tiles < resident ? tiles : resident;
+    if (blocks < 1) blocks = 1;  // n < 4: block 0 does the tail
+    if (dynamic)
+        copy_vec4_kernel<kCopyUnroll, true>
+            <<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(x, y, n, tiles, next_tile);
+    else
+        copy_vec4_kernel<kCopyUnroll, false>
+            <<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(x, y, n, tiles, nullptr);
+    return cudaGetLastError();
+}
+
 }  // namespace
 
 // Threads per block of the FFMA kernel and chains per thread: FLOP = 2 · blocks · threads · chains · iters.
 int ffma_threads_per_block() { return kFfmaThreads; }
 int ffma_chains() { return kChains; }
 
-// Blocks of `kernel` ("copy" or "ffma") that are resident on the whole GPU at once: SMs × blocks per SM.
+// Blocks of the FFMA kernel (ffma = true) or of the dynamic 4-float4 copy that are resident on the
+// whole GPU at once: SMs × blocks per SM.
 cudaError_t ceilings_resident_blocks(bool ffma, int* blocks) {
     return ffma ? resident_grid(reinterpret_cast<const void*>(ffma_kernel), kFfmaThreads, blocks)
-                : resident_grid(reinterpret_cast<const void*>(copy_vec4_kernel<true>), kCopyThreads, blocks);
+                : resident_grid(copy_kernel<4, true>(), kCopyThreads, blocks);
 }
 
-// y[i] = x[i] for i < n. x and y: 16-byte aligned, not overlapping. `next_tile`: one zeroed counter
-// (dynamic schedule only; may be null for the static one). Returns the launch's error.
-cudaError_t launch_copy(const float* x, float* y, int64_t n, bool dynamic, unsigned long long* next_tile,
-                        cudaStream_t stream) {
+// y[i] = x[i] for i < n. x and y: 16-byte aligned, not overlapping. unroll: 4 or 8 float4 per thread
+// per tile. `next_tile`: one zeroed counter (dynamic schedule only; may be null for the static one).
+// Returns the launch's error.
+cudaError_t launch_copy(const float* x, float* y, int64_t n, bool dynamic, int unroll,
+                        unsigned long long* next_tile, cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
     if (!aligned16(x) || !aligned16(y) || (dynamic && next_tile == nullptr)) return cudaErrorInvalidValue;
-    const int64_t tiles = (n / 4 + kCopyTile - 1) / kCopyTile;  // ceil, never floor
-    int resident = 0;
-    const cudaError_t err = ceilings_resident_blocks(false, &resident);
-    if (err != cudaSuccess) return err;
-    int64_t blocks = tiles < resident ? tiles : resident;
-    if (blocks < 1) blocks = 1;  // n < 4: block 0 does the tail
-    if (dynamic)
-        copy_vec4_kernel<true><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(x, y, n, tiles, next_tile);
-    else
-        copy_vec4_kernel<false><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(x, y, n, tiles, nullptr);
-    return cudaGetLastError();
+    if (unroll == 4) return launch_copy_u<4>(x, y, n, dynamic, next_tile, stream);
+    if (unroll == 8) return launch_copy_u<8>(x, y, n, dynamic, next_tile, stream);
+    return cudaErrorInvalidValue;
 }
 
 // out[t] = Σ_j a_j after `iters` steps a_j ← fma(a_j, m, c·(j+1)) from a_j = (t mod 64) + j, for

@@ -88,13 +88,14 @@ def mappings() -> None:
 
 def ceilings() -> None:
     mod = kb.build.load("ceilings")
-    # A tile is 4096 floats (16 KiB): tails, partial tiles, and more tiles than resident blocks (atomic path).
-    for n in (0, 1, 3, 4, 5, 1023, 4096 + 3, 4096 * 5 + 4 * 7 + 3, 4096 * 1100 + 5):
+    # A tile is 4096 or 8192 floats: tails, partial tiles, more tiles than resident blocks (atomic path).
+    for n in (0, 1, 3, 4, 5, 1023, 4096 + 3, 8192 * 5 + 4 * 7 + 3, 8192 * 1100 + 5):
         for schedule in ("dynamic", "static"):
-            x = check.rand([n], seed=n, device="cuda")
-            out = check.poisoned([n], device="cuda")
-            mod.copy(x, out, schedule)
-            assert torch.equal(out, x), f"copy n={n} {schedule}"
+            for unroll in (4, 8):
+                x = check.rand([n], seed=n, device="cuda")
+                out = check.poisoned([n], device="cuda")
+                mod.copy(x, out, schedule, unroll)
+                assert torch.equal(out, x), f"copy n={n} {schedule} unroll={unroll}"
     for iters, blocks in ((0, 1), (37, 3)):  # 37: one unrolled trip of 32 and 5 leftover steps
         out, clocks = mod.ffma(iters, 1.0, 1.0, blocks)
         t = torch.arange(out.numel(), device="cuda", dtype=torch.float64)

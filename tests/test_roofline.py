@@ -121,12 +121,13 @@ def ceilings():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 1023, 4096 + 3, 4096 * 5 + 4 * 7 + 3, 4096 * 1100 + 5, (1 << 23) + 2])
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 1023, 4096 + 3, 8192 * 5 + 4 * 7 + 3, 8192 * 1100 + 5, (1 << 23) + 2])
 @pytest.mark.parametrize("schedule", ["dynamic", "static"])
-def test_copy_matches(ceilings, n, schedule):
+@pytest.mark.parametrize("unroll", [4, 8])
+def test_copy_matches(ceilings, n, schedule, unroll):
     x = check.rand([n], seed=n, device="cuda", low=-3, high=3)
     out = check.poisoned([n], device="cuda")
-    ceilings.copy(x, out, schedule)
+    ceilings.copy(x, out, schedule, unroll)
     assert torch.equal(out, x)
 
 
@@ -137,6 +138,8 @@ def test_copy_rejects_misaligned_and_bad_schedule(ceilings):
         ceilings.copy(x[1:])
     with pytest.raises(RuntimeError, match="schedule must be"):
         ceilings.copy(x, None, "fast")
+    with pytest.raises(RuntimeError, match="unroll must be 4 or 8"):
+        ceilings.copy(x, None, "static", 2)
 
 
 @pytest.mark.gpu
