@@ -215,14 +215,15 @@ def parse_resource_usage(text: str) -> list[dict]:
     return rows
 
 
-def resources(name: str, arch: str = "90") -> list[dict]:
+def resources(name: str, arch: str = "90", defines: Mapping[str, int | str] | None = None) -> list[dict]:
     """Registers, static shared memory, stack frame and spills of each kernel in kernels/<name>.cu.
 
-    Compiles only the torch-free .cu with nvcc, so it works on any machine with the CUDA toolkit.
+    Compiles only the torch-free .cu with nvcc (with ``defines``, as ``load`` would), so it works on
+    any machine with the CUDA toolkit.
     """
     nvcc = shutil.which("nvcc") or str(Path(cuda_home()) / "bin" / "nvcc")
     cu = KERNELS / f"{name}.cu"
-    cmd = [nvcc, "--resource-usage", *NVCC_FLAGS, *_arch_flags(arch), "-I", str(KERNELS),
+    cmd = [nvcc, "--resource-usage", *NVCC_FLAGS, *_define_flags(defines), *_arch_flags(arch), "-I", str(KERNELS),
            "-c", str(cu), "-o", os.devnull]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:

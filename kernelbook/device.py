@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import shutil
 import subprocess
 
 
@@ -56,3 +57,22 @@ def describe() -> str:
         return "No CUDA GPU here: GPU measurements below are loaded from recorded results."
     return (f"Live on {g['gpu']} (sm_{g['arch']}, {g['sm_count']} SMs, {g['memory_gib']} GiB), "
             f"driver {g['driver']}, CUDA {g['cuda']}, torch {g['torch']}.")
+
+
+def sm_clock_mhz() -> float | None:
+    """The SM clock now, in MHz, as nvidia-smi reports it (None without nvidia-smi).
+
+    Read it right after a timed run: the GPU is still at the clock the kernels ran at, and a peak
+    computed from it (SMs × lanes × 2 FLOP × clock) is the peak *of that run*.
+    """
+    import torch
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    idx = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    out = subprocess.run(["nvidia-smi", f"--id={idx}", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout.strip()
+    try:
+        return float(out.splitlines()[0])
+    except (ValueError, IndexError):
+        return None

@@ -56,7 +56,7 @@ __global__ void conv2d_simple_kernel(const float* __restrict__ x, const float* _
 // The tile shape can be changed at compile time (-DKB_CONV_ROWS=4 …) to explore it; the defaults are
 // the best of the shapes measured on an H200 for P73 (chapter 2's sweep, notes/conv2d_folded.md).
 #ifndef KB_CONV_ROWS
-#define KB_CONV_ROWS 2
+#define KB_CONV_ROWS 1
 #endif
 #ifndef KB_CONV_CO_T
 #define KB_CONV_CO_T 8
@@ -65,7 +65,7 @@ __global__ void conv2d_simple_kernel(const float* __restrict__ x, const float* _
 #define KB_CONV_GROUPS 8
 #endif
 #ifndef KB_CONV_MIN_BLOCKS
-#define KB_CONV_MIN_BLOCKS 2
+#define KB_CONV_MIN_BLOCKS 3
 #endif
 constexpr int K3 = 3;
 constexpr int PAIRS = 2;                       // column pairs per lane
