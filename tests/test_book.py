@@ -12,20 +12,31 @@ import pytest
 import kernelbook as kb
 from kernelbook.paths import ROOT
 
+_BUILT: dict[str, object] = {}  # one build per test session, shared with test_site.py
+
+
+def build_site(tmp_path_factory) -> Path:
+    """Build the book once per session (strictly: warnings are errors) and return its html folder."""
+    if "result" not in _BUILT:
+        out = tmp_path_factory.mktemp("book")
+        exe = shutil.which("jupyter-book") or str(Path(sys.executable).with_name("jupyter-book"))
+        res = subprocess.run([exe, "build", "-W", "-n", "--keep-going", "--path-output", str(out), "book/"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        _BUILT["result"] = (res.returncode, f"{res.stdout[-6000:]}\n{res.stderr[-3000:]}", out / "_build" / "html")
+    code, log, html = _BUILT["result"]
+    assert code == 0, f"book build failed:\n{log}"
+    return html
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("book")
-    exe = shutil.which("jupyter-book") or str(Path(sys.executable).with_name("jupyter-book"))
-    res = subprocess.run([exe, "build", "-W", "-n", "--keep-going", "--path-output", str(out), "book/"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    assert res.returncode == 0, f"book build failed:\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}"
-    return out / "_build" / "html"
+    return build_site(tmp_path_factory)
 
 
 @pytest.mark.book
 def test_book_builds_with_every_page(site):
-    for page in ["intro.html", "references.html", "notebooks/00_method.html", "notebooks/01_bn_modes.html"]:
+    for page in ["intro.html", "reproducing.html", "profiling.html", "pitfalls.html", "references.html",
+                 "notebooks/00_method.html", "notebooks/01_bn_modes.html"]:
         assert (site / page).is_file(), page
 
 
