@@ -35,23 +35,19 @@ class Row:
 
 
 ROWS: list[Row] = [
-    Row("P73", "its `· 2.0` alone, on 1 GiB (the method's `scale`)", "00_method", "scale_torch", "scale_ours",
-        floor_passes=2),
-    Row("P73", "BN · 2.0 on the conv output, training mode", "01_bn_modes", "eager_bn_scale",
-        "ours_bn_scale_train", compiled="compile_bn_scale", floor_passes=3),
-    Row("P73", "BN · 2.0 on the conv output, eval mode", "01_bn_modes", "eager_bn_scale_eval",
-        "ours_bn_scale_eval", floor_passes=2),
-    Row("P73", "conv + BN + · 2.0, eval mode, BN folded into the conv", "02_bn_folding", "eager_eval",
-        "ours_fast", compiled="compile_eval"),
-    Row("P73", "the whole problem, training mode (the benchmark's)", "06_capstone_conv_bn_scale", "eager_train",
-        "ours_train", compiled="compile_train"),
-    Row("P73", "the whole problem, eval mode", "06_capstone_conv_bn_scale", "eager_eval", "ours_eval",
-        compiled="compile_eval"),
-    Row("P27", "the whole problem", "07_capstone_conv3d_groupnorm_mean", "eager", "ours", compiled="compile"),
+    Row("P73", "`· 2.0` alone, 1 GiB", "00_method", "scale_torch", "scale_ours", floor_passes=2),
+    Row("P73", "BN · 2.0, training", "01_bn_modes", "eager_bn_scale", "ours_bn_scale_train",
+        compiled="compile_bn_scale", floor_passes=3),
+    Row("P73", "BN · 2.0, eval", "01_bn_modes", "eager_bn_scale_eval", "ours_bn_scale_eval", floor_passes=2),
+    Row("P73", "conv + BN · 2.0 folded, eval", "02_bn_folding", "eager_eval", "ours_fast", compiled="compile_eval"),
+    Row("P73", "whole problem, training", "06_capstone_conv_bn_scale", "eager_train", "ours_train",
+        compiled="compile_train"),
+    Row("P73", "whole problem, eval", "06_capstone_conv_bn_scale", "eager_eval", "ours_eval", compiled="compile_eval"),
+    Row("P27", "whole problem", "07_capstone_conv3d_groupnorm_mean", "eager", "ours", compiled="compile"),
 ]
 
-COLUMNS = ["problem", "operation", "chapter", "eager ms", "torch.compile ms", "ours ms", "× eager",
-           "× torch.compile", "% of floor"]
+COLUMNS = ["problem", "operation", "ch.", "eager ms", "compile ms", "ours ms", "× eager", "× compile",
+           "% of floor"]
 
 
 def _load(chapter: str, gpu_slug: str, root: Path) -> dict | None:
@@ -85,9 +81,9 @@ def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
                                     floor_ms(row, rec))
         out.append({
             "problem": row.problem, "operation": row.what, "chapter": row.chapter,
-            "eager ms": eager, "torch.compile ms": comp, "ours ms": ours,
+            "eager ms": eager, "compile ms": comp, "ours ms": ours,
             "× eager": eager / ours if eager and ours else None,
-            "× torch.compile": comp / ours if comp and ours else None,
+            "× compile": comp / ours if comp and ours else None,
             "% of floor": 100 * floor / ours if floor and ours else None,
             "gpu": rec["provenance"]["gpu"], "torch": rec["provenance"]["torch"], "date": rec["provenance"]["date"],
         })
@@ -125,16 +121,17 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 3 + "--:|" * (len(COLUMNS) - 3)]
     for r in rs:
         ch = f"{{doc}}`{r['chapter'][:2]} <notebooks/{r['chapter']}>`" if _in_toc(r["chapter"]) else r["chapter"][:2]
-        cells = [r["problem"], r["operation"], ch, _fmt(r["eager ms"], ".3f"), _fmt(r["torch.compile ms"], ".3f"),
-                 _fmt(r["ours ms"], ".3f"), _fmt(r["× eager"], ".2f"), _fmt(r["× torch.compile"], ".2f"),
+        cells = [r["problem"], r["operation"], ch, _fmt(r["eager ms"], ".3f"), _fmt(r["compile ms"], ".3f"),
+                 _fmt(r["ours ms"], ".3f"), _fmt(r["× eager"], ".2f"), _fmt(r["× compile"], ".2f"),
                  _fmt(r["% of floor"], ".0f")]
         lines.append("| " + " | ".join(cells) + " |")
     gpus = sorted({f"{r['gpu']} (torch {r['torch']})" for r in rs})
     dates = sorted(r["date"] for r in rs)
     lines.append("")
     lines.append(f"Medians of CUDA-event timings with L2 flushed, recorded on {', '.join(gpus)} between "
-                 f"{dates[0]} and {dates[-1]}; speed-ups are eager's (or `torch.compile`'s) time over ours; "
-                 f"— where a chapter did not time that variant or store that floor.")
+                 f"{dates[0]} and {dates[-1]}. *compile* is `torch.compile` of the same PyTorch code; speed-ups "
+                 f"are eager's (or compile's) time over ours; — where a chapter did not time that variant or "
+                 f"store that floor.")
     return "\n".join(lines)
 
 
