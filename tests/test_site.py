@@ -435,3 +435,30 @@ def test_local_and_external_urls():
     assert is_local("http://localhost:1/x") and is_local("about:blank")
     assert not is_local("https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js")
     assert not is_local("http://10.0.0.1/x") and not is_local("https://fonts.gstatic.com/s/lato.woff2")
+
+
+@pytest.mark.book
+def test_no_page_links_a_script_stylesheet_or_font_from_another_host(site):
+    """A static check beside the browser's: nothing the page loads by itself is addressed off-site."""
+    tag = re.compile(r"""<(?:script[^>]*\ssrc|link[^>]*\shref)=["'](https?:)?//""", re.IGNORECASE)
+    bad = [p.relative_to(site).as_posix() for p in pages(site) if tag.search(p.read_text())]
+    assert not bad, f"pages that load a script or stylesheet from another host: {bad}"
+
+
+@pytest.mark.book
+def test_every_chapter_has_a_download_and_a_colab_button(site):
+    import yaml
+
+    from kernelbook.paths import ROOT
+
+    repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    chapters = sorted((site / "notebooks").glob("*.html"))
+    assert chapters
+    for page in chapters:
+        html = page.read_text()
+        assert f'href="../_sources/notebooks/{page.stem}.ipynb"' in html, f"{page.name}: no download button"
+        stored = json.loads((site / "_sources" / "notebooks" / f"{page.stem}.ipynb").read_text())
+        assert all(c.get("outputs", []) == [] for c in stored["cells"]), "the download is the stored notebook"
+        gh = repo["url"].removeprefix("https://github.com/")
+        colab = f"https://colab.research.google.com/github/{gh}/blob/{repo['branch']}/notebooks/{page.stem}.ipynb"
+        assert colab in html, f"{page.name}: no Colab button for {colab}"
