@@ -103,7 +103,8 @@ class Browser:
     def __init__(self, exe: str, width: int = 1280, height: int = 900):
         import websocket  # websocket-client, in requirements-dev.txt
 
-        self._profile = tempfile.TemporaryDirectory(prefix="kb-chromium-")
+        # Chromium's helper processes may still be writing to the profile as it is removed: never an error
+        self._profile = tempfile.TemporaryDirectory(prefix="kb-chromium-", ignore_cleanup_errors=True)
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-extensions", "--disable-default-apps", "--dns-prefetch-disable",
