@@ -2,10 +2,15 @@
 
 The intro page shows ``markdown_table()``, built when the book is built, so the table grows as
 chapters record results and never holds a typed number. Each row names the record variants it
-reads: eager PyTorch, ``torch.compile`` (if the chapter timed it), ours, and the floor — the time the
-operation's minimum traffic takes at the device-to-device copy rate measured in the same run
-(``floor_passes`` passes over the tensor, a copy being two), or, for chapters whose floor is not a
-multiple of a copy, the value the chapter stored as ``record["floor_ms"][<ours variant>]``.
+reads: eager PyTorch, ``torch.compile`` (if the chapter timed it), ours, and the floor, the least
+time the operation can take on that GPU:
+
+* for a memory-bound operation, its ``floor_passes`` passes over the tensor at the device-to-device
+  copy rate measured in the same run (a copy is two passes);
+* otherwise the value the chapter stored as ``record["floor_ms"][<ours variant>]``, if any;
+* otherwise the roofline bound, max(FLOP / FP32 peak, bytes / copy rate), of the operation's counts
+  (``kernelbook.roofline``) with the ceilings the roofline chapter measured (03_roofline: its FFMA
+  kernel and its copy), for variants that compute in FP32.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from .paths import RESULTS, ROOT
 from .records import DEFAULT_GPU
 
 COPY = "copy_torch"  # the device-to-device copy every memory-bound chapter times beside its kernels
+ROOFLINE = "03_roofline"  # the chapter that measures the ceilings: FP32 FMA throughput and copy bandwidth
+FFMA = "ffma_ours"  # its FMA-throughput kernel
 
 
 @dataclass(frozen=True)
@@ -60,25 +67,47 @@ def _median(rec: dict, variant: str | None) -> float | None:
     return None if t is None else float(t["median"])
 
 
-def floor_ms(row: Row, rec: dict) -> float | None:
-    """The row's floor in ms: its passes at the copy rate of the same run, or the chapter's stored floor."""
+def ceilings(gpu_slug: str | None = None, root: Path = RESULTS) -> tuple[float, float] | None:
+    """FP32 FLOP/s and copy bytes/s as the roofline chapter measured them on ``gpu_slug`` (None if not)."""
+    rec = _load(ROOFLINE, gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU), root)
+    try:
+        counts, t = rec["counts"], rec["timings_ms"]
+        peak = counts[FFMA]["flop"] / (t[FFMA]["median"] * 1e-3)
+        bandwidth = (counts[COPY]["read"] + counts[COPY]["write"]) / (t[COPY]["median"] * 1e-3)
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    return peak, bandwidth
+
+
+def floor_ms(row: Row, rec: dict, ceil: tuple[float, float] | None = None) -> float | None:
+    """The row's floor in ms (see the module's docstring for the three ways it is found)."""
     if row.floor_passes is not None:
         copy = _median(rec, COPY)
         return None if copy is None else copy * row.floor_passes / 2
     stored = rec.get("floor_ms", {})
-    return float(stored[row.ours]) if isinstance(stored, dict) and row.ours in stored else None
+    if isinstance(stored, dict) and row.ours in stored:
+        return float(stored[row.ours])
+    if ceil is None:
+        return None
+    from . import roofline
+
+    placed = roofline.placed(rec).get(row.ours)
+    if placed is None or placed.math != "fp32":
+        return None
+    return roofline.bound_ms(placed.counts, *ceil)
 
 
 def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
     """The table's rows (numbers, not text) for every row whose chapter has a record on ``gpu_slug``."""
     slug = gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
+    ceil = ceilings(slug, root)
     out = []
     for row in ROWS:
         rec = _load(row.chapter, slug, root)
         if rec is None:
             continue
         eager, comp, ours, floor = (_median(rec, row.eager), _median(rec, row.compiled), _median(rec, row.ours),
-                                    floor_ms(row, rec))
+                                    floor_ms(row, rec, ceil))
         out.append({
             "problem": row.problem, "operation": row.what, "chapter": row.chapter,
             "eager ms": eager, "compile ms": comp, "ours ms": ours,
@@ -130,8 +159,9 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
     lines.append("")
     lines.append(f"Medians of CUDA-event timings with L2 flushed, recorded on {', '.join(gpus)} between "
                  f"{dates[0]} and {dates[-1]}. *compile* is `torch.compile` of the same PyTorch code; speed-ups "
-                 f"are eager's (or compile's) time over ours; — where a chapter did not time that variant or "
-                 f"store that floor.")
+                 f"are eager's (or compile's) time over ours. The baselines run with PyTorch's defaults, which let "
+                 f"cuDNN use TF32 for convolutions; ours compute in FP32. — where a chapter did not time that "
+                 f"variant or no floor is known.")
     return "\n".join(lines)
 
 

@@ -65,3 +65,25 @@ def test_table_grows_with_records_and_reads_a_stored_floor(tmp_path):
 def test_intro_builds_the_table_at_build_time():
     intro = (ROOT / "book" / "intro.md").read_text()
     assert "```{code-cell} ipython3" in intro and "summary.show()" in intro
+
+
+def test_a_compute_row_gets_the_roofline_floor_from_the_measured_ceilings():
+    from kernelbook import roofline
+
+    ceil = summary.ceilings(DEFAULT_GPU)
+    if ceil is None:
+        pytest.skip("the roofline chapter has no record yet")
+    rec03 = json.loads((RESULTS / DEFAULT_GPU / "03_roofline.json").read_text())
+    peak = rec03["counts"]["ffma_ours"]["flop"] / (rec03["timings_ms"]["ffma_ours"]["median"] * 1e-3)
+    assert ceil[0] == pytest.approx(peak) and 1e12 < ceil[1] < 1e14  # bytes/s of a real GPU's copy
+    for row in summary.ROWS:
+        path = RESULTS / DEFAULT_GPU / f"{row.chapter}.json"
+        if row.floor_passes is not None or not path.is_file():
+            continue
+        rec = json.loads(path.read_text())
+        got = summary.floor_ms(row, rec, ceil)
+        placed = roofline.placed(rec).get(row.ours)
+        if placed is not None and placed.math == "fp32" and row.ours not in rec.get("floor_ms", {}):
+            c = placed.counts
+            assert got == pytest.approx(1e3 * max(c.flop / ceil[0], c.bytes / ceil[1]))
+            assert got <= _median(row.chapter, row.ours), "faster than the roofline allows"
