@@ -76,3 +76,27 @@ def sm_clock_mhz() -> float | None:
         return float(out.splitlines()[0])
     except (ValueError, IndexError):
         return None
+
+
+# Per-SM limits by compute capability (CUDA programming guide, "compute capabilities" table): 32-bit
+# registers, resident threads, resident blocks, shared memory usable by blocks (bytes).
+SM_LIMITS = {
+    "7.5": {"registers": 65536, "threads": 1024, "blocks": 16, "smem": 65536},
+    "8.0": {"registers": 65536, "threads": 2048, "blocks": 32, "smem": 167936},
+    "8.6": {"registers": 65536, "threads": 1536, "blocks": 16, "smem": 102400},
+    "8.9": {"registers": 65536, "threads": 1536, "blocks": 24, "smem": 102400},
+    "9.0": {"registers": 65536, "threads": 2048, "blocks": 32, "smem": 233472},
+}
+
+
+def resident_blocks(capability: str, threads: int, registers: int, smem_bytes: int) -> int:
+    """How many blocks of a kernel fit on one SM at once, limited by registers, threads, blocks and
+    shared memory (registers are allocated per warp in units of 256; each block reserves 1 KiB of
+    shared memory on sm_80 and later)."""
+    lim = SM_LIMITS[capability]
+    warps = -(-threads // 32)
+    regs_per_warp = -(-registers * 32 // 256) * 256
+    by_regs = lim["registers"] // (regs_per_warp * warps) if registers else lim["blocks"]
+    reserved = 1024 if float(capability) >= 8.0 else 0
+    by_smem = lim["smem"] // (smem_bytes + reserved) if smem_bytes + reserved else lim["blocks"]
+    return int(min(by_regs, lim["threads"] // threads, lim["blocks"], by_smem))
