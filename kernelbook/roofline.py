@@ -27,8 +27,36 @@ from pathlib import Path
 from .problems import P27_CONV3D_GN_MEAN, P73_CONV_BN_SCALE, Problem
 
 F32 = 4  # bytes per float32
-FP32_LANES_PER_SM = {"7.0": 64, "7.5": 64, "8.0": 64, "8.6": 128, "8.7": 128, "8.9": 128, "9.0": 128,
-                     "10.0": 128, "12.0": 128}  # FP32 FMA lanes per SM (CUDA programming guide, arithmetic throughput)
+
+
+class _LanesByCapability(dict):
+    """FP32 FMA lanes per SM by compute capability; a capability not in the table falls back by major version
+    (see ``fp32_lanes_per_sm``) instead of raising a bare KeyError on a GPU newer than the table."""
+
+    def __missing__(self, capability: str) -> int:
+        return fp32_lanes_per_sm(capability)
+
+
+# FP32 FMA lanes per SM (CUDA programming guide, "arithmetic instructions" throughput table)
+FP32_LANES_PER_SM = _LanesByCapability({
+    "6.0": 64, "6.1": 128, "6.2": 128, "7.0": 64, "7.2": 64, "7.5": 64, "8.0": 64, "8.6": 128, "8.7": 128,
+    "8.9": 128, "9.0": 128, "10.0": 128, "10.3": 128, "11.0": 128, "12.0": 128, "12.1": 128})
+
+
+def fp32_lanes_per_sm(capability: str) -> int:
+    """FP32 FMA lanes per SM of a compute capability ("9.0"): the programming guide's table, and for a
+    capability it does not list yet, 128 if its major version is 9 or newer (every listed capability since
+    8.6 has 128); older unknown capabilities raise ValueError, since their lane counts vary (64 or 128)."""
+    if capability in FP32_LANES_PER_SM:  # membership does not call __missing__
+        return FP32_LANES_PER_SM[capability]
+    try:
+        major = int(str(capability).split(".")[0])
+    except ValueError:
+        raise ValueError(f"compute capability must look like '9.0', got {capability!r}") from None
+    if major >= 9:
+        return 128
+    raise ValueError(f"FP32 lanes per SM unknown for compute capability {capability}: add it to "
+                     f"kernelbook.roofline.FP32_LANES_PER_SM from the CUDA programming guide")
 
 
 @dataclass(frozen=True)
@@ -106,6 +134,21 @@ def groupnorm(shape: Sequence[int]) -> Counts:
     return Counts(5 * numel, 2 * F32 * numel + F32 * 2 * c, F32 * numel)
 
 
+def statistics(shape: Sequence[int], groups: int) -> Counts:
+    """Mean and variance of each (sample, group) of an (N, C, ...) tensor: the tensor read once, a sum and a
+    sum of squares per element (an add and an FMA, 3 FLOP), two floats written per group. Every algorithm
+    (one-pass, Welford, two-pass) computes this; a second read is the algorithm's, not the operation's."""
+    numel = math.prod(shape)
+    return Counts(3 * numel, F32 * numel, F32 * 2 * shape[0] * groups)
+
+
+def affine_per_channel(shape: Sequence[int]) -> Counts:
+    """y = x·a_c + b_c over an (N, C, ...) tensor: one FMA (2 FLOP) per element, x and the C-vectors a and b
+    read once, y written once."""
+    numel, c = math.prod(shape), shape[1]
+    return Counts(2 * numel, F32 * (numel + 2 * c), F32 * numel)
+
+
 def reduce_mean(shape: Sequence[int], keep: int = 2) -> Counts:
     """Mean over every dimension after the first ``keep``: one add per element read."""
     numel, out = math.prod(shape), math.prod(shape[:keep])
@@ -148,6 +191,21 @@ def p73_eager(problem: Problem = P73_CONV_BN_SCALE, train: bool = False,
     parts["batch-norm"] = batchnorm(p["y"], train)
     parts["· s"] = elementwise(numel, 1)
     return parts
+
+
+def bias_added_separately(kernel_names: Iterable[str]) -> bool:
+    """Whether a profiled eager convolution added its bias in a kernel of its own (ATen's elementwise add,
+    ``CUDAFunctor_add``) rather than in the convolution's epilogue."""
+    return any("CUDAFunctor_add" in k for k in kernel_names)
+
+
+def kernel_math(kernel_names: Iterable[str]) -> str:
+    """The arithmetic a variant's profiled kernels used: 'tf32' if any name marks a tensor-core kernel
+    (tf32, hmma, s1688/s16816, gmma), else 'fp32' (FFMA kernels: cuDNN's ``…_ffma_…``, ``…sgemm…``)."""
+    import re
+
+    tensor_core = re.compile(r"tf32|hmma|s1688|s16816|gmma|tensorop", re.IGNORECASE)
+    return "tf32" if any(tensor_core.search(k) for k in kernel_names) else "fp32"
 
 
 def p73_fused_eval(problem: Problem = P73_CONV_BN_SCALE) -> Counts:
@@ -242,7 +300,7 @@ def ptx_instructions(name: str, kernel: str, arch: str = "90") -> list[str]:
 
 def fp32_peak(sm_count: int, clock_hz: float, capability: str) -> float:
     """FP32 FLOP/s if every FMA lane retires one FMA (2 FLOP) per clock: SMs × lanes × 2 × clock."""
-    return sm_count * FP32_LANES_PER_SM[capability] * 2 * clock_hz
+    return sm_count * fp32_lanes_per_sm(capability) * 2 * clock_hz
 
 
 def dram_peak(memory_clock_hz: float, bus_bits: int) -> float:
@@ -323,6 +381,35 @@ def _capstone_p27(rec: dict) -> dict[str, Placed]:
             for v in rec.get("timings_ms", {})}
 
 
+def _coalescing(rec: dict) -> dict[str, Placed]:
+    """04_coalescing: every mapping (and PyTorch's ``addcmul``) computes y = x·a_c + b_c on P73's conv output
+    shape; the copy moves the same tensor."""
+    y = p73_parts()["y"]
+    out = {}
+    for v in rec.get("timings_ms", {}):
+        if v == "copy_torch":
+            out[v] = Placed(copy(math.prod(y)))
+        elif v in MAPPINGS or v == "addcmul_torch":
+            out[v] = Placed(affine_per_channel(y))
+    return out
+
+
+MAPPINGS = ("flat", "flat_vec4", "channel_fastest", "pixel_loop", "tile_7x18x4", "tile_8x8x8", "rows_w_x4")
+STATS_VARIANTS = ("onepass", "twopass", "welford", "welford_noshift", "torch_var_mean")
+
+
+def _variance(rec: dict) -> dict[str, Placed]:
+    """05_variance: statistics of P27's GroupNorm groups on its (hardswished) conv output, the whole GroupNorm
+    forward (statistics, then a read and a write: the tensor is far larger than L2, so read twice), the
+    Welford kernel on a batch of one (``welford_n1``), and the copy."""
+    p = p27_parts()
+    y, groups = p["y"], p["groups"]
+    table = {v: Placed(statistics(y, groups)) for v in STATS_VARIANTS}
+    table.update({"torch_groupnorm": Placed(groupnorm(y)), "ours_groupnorm": Placed(groupnorm(y)),
+                  "welford_n1": Placed(statistics((1, *y[1:]), groups)), "copy_torch": Placed(copy(math.prod(y)))})
+    return {v: table[v] for v in rec.get("timings_ms", {}) if v in table}
+
+
 def _stored(rec: dict) -> dict[str, Placed]:
     """A record that carries its own counts (``counts``: {variant: {flop, read, write, math}})."""
     return {v: Placed(Counts(int(c["flop"]), int(c["read"]), int(c["write"]), int(c.get("macs", 0))),
@@ -334,6 +421,8 @@ PLACERS: dict[str, Callable[[dict], dict[str, Placed]]] = {
     "00_method": _method,
     "01_bn_modes": _bn_modes,
     "02_bn_folding": _bn_folding,
+    "04_coalescing": _coalescing,
+    "05_variance": _variance,
     "06_capstone_conv_bn_scale": _capstone_p73,
     "07_capstone_conv3d_groupnorm_mean": _capstone_p27,
 }

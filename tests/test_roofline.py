@@ -32,15 +32,63 @@ def test_p27_conv_counts():
     assert c.read - (16 * 3 * 64 + 16) * 4 == 201_326_592  # the input: 201 MB
 
 
-def test_p73_eager_eval_is_three_passes_more():
-    parts = roofline.p73_eager(train=False)
-    assert list(parts) == ["conv", "batch-norm", "· s"]
-    total = roofline.total(parts.values())
-    assert round(total.bytes / 1e9, 2) == 2.67
+def test_p73_eager_eval_both_models():
+    """Eager eval P73 as RATIONALES.md models it (3 kernels, the bias in the conv) and as the recorded profile
+    shows it ran on the H200 (4 kernels: cuDNN's conv without bias, ATen's bias add, BN, · s)."""
     out = 520_224_768
-    assert total.bytes - roofline.p73_fused_eval().bytes == 4 * out + 64 * 4 * 4  # BN and ·s: read + write each
-    with_bias = roofline.total(roofline.p73_eager(separate_bias=True).values())
-    assert with_bias.bytes - total.bytes == 2 * out
+    three = roofline.p73_eager(train=False)
+    assert list(three) == ["conv", "batch-norm", "· s"]
+    total3 = roofline.total(three.values())
+    assert round(total3.bytes / 1e9, 2) == 2.67
+    assert total3.bytes - roofline.p73_fused_eval().bytes == 4 * out + 64 * 4 * 4  # BN and ·s: read + write each
+    four = roofline.p73_eager(train=False, separate_bias=True)
+    assert list(four) == ["conv", "bias add", "batch-norm", "· s"]
+    total4 = roofline.total(four.values())
+    assert total4.bytes - total3.bytes == 2 * out  # the bias add reads and writes the output once more
+    assert round(total4.bytes / 1e9, 2) == 3.71
+    assert total4.flop - total3.flop == out // 4  # one add per element (the conv's bias initialised it for free)
+
+
+def test_bias_and_math_from_kernel_names():
+    rec = json.loads((kb.paths.ROOT / "results" / "h200" / "03_roofline.json").read_text())
+    names = {}
+    for k in rec["kernels"]:
+        names.setdefault(k["variant"], []).append(k["kernel"])
+    assert roofline.bias_added_separately(names["eager_p73_eval"])
+    assert not roofline.bias_added_separately(names["ours_p73_eval"])
+    for v in ("eager_p73_eval", "eager_p27", "eager_p27_conv3d", "ours_p73_eval"):
+        assert roofline.kernel_math(names[v]) == "fp32", v  # cuDNN's FFMA implicit GEMM and implicit sgemm
+    assert roofline.kernel_math(["sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc"]) == "tf32"
+    assert roofline.kernel_math(["ampere_sgemm_128x64_nn"]) == "fp32"
+
+
+def test_fp32_lanes_per_sm():
+    assert roofline.fp32_lanes_per_sm("9.0") == 128 and roofline.fp32_lanes_per_sm("7.5") == 64
+    for cap in ("10.3", "11.0", "12.1", "13.0"):  # listed, or newer than the table: 128 by major version
+        assert roofline.fp32_lanes_per_sm(cap) == 128 == roofline.FP32_LANES_PER_SM[cap]
+    with pytest.raises(ValueError, match="5.0"):
+        roofline.fp32_lanes_per_sm("5.0")
+    with pytest.raises(ValueError, match="look like"):
+        roofline.fp32_lanes_per_sm("sm_90")
+    assert roofline.fp32_peak(132, 1e9, "13.0") == 132 * 128 * 2 * 1e9
+
+
+def test_placers_for_coalescing_and_variance():
+    y73, p27 = roofline.p73_parts()["y"], roofline.p27_parts()
+    n73, n27 = math.prod(y73), math.prod(p27["y"])
+    assert y73 == (128, 64, 126, 126) and p27["y"] == (1024, 16, 13, 29, 29) and p27["groups"] == 4
+    ch4 = roofline.placed(_record("04_coalescing", {"flat": 0.5, "addcmul_torch": 0.4, "copy_torch": 0.25,
+                                                    "unknown": 1.0}))
+    assert set(ch4) == {"flat", "addcmul_torch", "copy_torch"}
+    assert ch4["flat"].counts == roofline.Counts(2 * n73, 4 * n73 + 2 * 4 * 64, 4 * n73)  # FMA; x, a, b in; y out
+    assert ch4["copy_torch"].counts.bytes == 8 * n73
+    ch5 = roofline.placed(_record("05_variance", {v: 0.2 for v in (*roofline.STATS_VARIANTS, "torch_groupnorm",
+                                                                   "ours_groupnorm", "welford_n1", "copy_torch")}))
+    stats = roofline.Counts(3 * n27, 4 * n27, 4 * 2 * 1024 * 4)  # read once; add + FMA; mean and var per group
+    assert all(ch5[v].counts == stats for v in roofline.STATS_VARIANTS)  # two-pass's second read is its own cost
+    assert ch5["ours_groupnorm"].counts == roofline.Counts(5 * n27, 2 * 4 * n27 + 2 * 4 * 16, 4 * n27)
+    assert ch5["welford_n1"].counts == roofline.Counts(3 * n27 // 1024, 4 * n27 // 1024, 4 * 2 * 4)
+    assert all(p.math == "fp32" for p in [*ch4.values(), *ch5.values()])
 
 
 def test_p73_train_strategies():
@@ -85,7 +133,7 @@ def _record(chapter, timings, **extra):
 def test_points_skip_unknown_and_missing(tmp_path):
     (tmp_path / "02_bn_folding.json").write_text(json.dumps(_record(
         "02_bn_folding", {"eager_eval": 1.6, "ours_fast": 0.5, "something_new": 1.0})))
-    (tmp_path / "04_coalescing.json").write_text(json.dumps(_record("04_coalescing", {"x": 1.0})))
+    (tmp_path / "04_coalescing.json").write_text(json.dumps(_record("04_coalescing", {"x": 1.0})))  # unknown
     (tmp_path / "05_broken.json").write_text("{not json")
     (tmp_path / "03_roofline.json").write_text(json.dumps(_record(
         "03_roofline", {"ffma_ours": 4.0, "untimed": 1.0},
@@ -109,6 +157,10 @@ def test_points_from_the_recorded_chapters():
     have = {p.stem for p in kb.records.all_records() if p.parent.name == "h200"}
     if "01_bn_modes" in have:
         assert {"ours_bn_scale_train", "eager_bn_scale"} <= set(df[df.chapter == "01_bn_modes"].variant)
+    if "04_coalescing" in have:
+        assert {"flat", "pixel_loop", "addcmul_torch"} <= set(df[df.chapter == "04_coalescing"].variant)
+    if "05_variance" in have:
+        assert {"welford", "ours_groupnorm", "torch_groupnorm"} <= set(df[df.chapter == "05_variance"].variant)
     assert (df["median_ms"] > 0).all() and not df.duplicated(["chapter", "variant"]).any()
 
 
