@@ -9,6 +9,7 @@ NaN-poisoned output buffer, those are the elements the kernel never wrote.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -22,6 +23,14 @@ def rand(shape: Sequence[int], seed: int, device: str | torch.device = "cpu", dt
     g = torch.Generator(device="cpu").manual_seed(seed)
     t = torch.rand(tuple(shape), generator=g, dtype=torch.float64) * (high - low) + low
     return t.to(device=device, dtype=dtype)
+
+
+def rand_at_offset(shape: Sequence[int], offset: int, seed: int, device: str | torch.device = "cpu",
+                   dtype=torch.float32, low: float = 0.0, high: float = 1.0) -> torch.Tensor:
+    """``rand`` values in a contiguous tensor whose data starts ``offset`` elements into its buffer: a
+    misaligned input (offset not a multiple of 4 floats: off the 16-byte grid) for checking vector paths."""
+    numel = math.prod(shape)
+    return rand([numel + offset], seed=seed, device=device, dtype=dtype, low=low, high=high)[offset:].view(*shape)
 
 
 def poisoned(shape: Sequence[int], device: str | torch.device = "cpu", dtype=torch.float32) -> torch.Tensor:

@@ -221,6 +221,20 @@ def reference(x) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.square(x - mean[..., None]).mean(axis=-1)
 
 
+def grouped_reference(x, groups: int):
+    """(mean, biased variance) in float64 of each (sample, group) of a torch tensor (N, C, ...), as
+    (N, groups) tensors on x's device; an empty batch (N = 0) gives empty statistics."""
+    import torch
+
+    n = x.shape[0]
+    per_group = math.prod(x.shape[1:]) // groups  # explicit: reshape cannot infer -1 for an empty batch
+    if n == 0:  # var_mean warns on an empty reduction
+        empty = torch.empty(0, groups, dtype=torch.float64, device=x.device)
+        return empty, empty.clone()
+    var, mean = torch.var_mean(x.double().reshape(n, groups, per_group), dim=-1, correction=0)
+    return mean, var
+
+
 def rel_error(var, ref_var) -> np.ndarray:
     """|var − ref| / ref, elementwise, in float64."""
     ref = np.asarray(ref_var, dtype=np.float64)

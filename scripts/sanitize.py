@@ -113,9 +113,8 @@ def group_stats() -> None:
     cases = [((3, 6, 7), 3, 0), ((2, 8, 33), 4, 1), ((1, 4, 8195), 2, 3), ((4, 4, 1), 2, 0), ((0, 4, 5), 2, 0)]
     for shape, groups, offset in cases:
         numel = shape[0] * shape[1] * shape[2]
-        x = check.rand([numel + offset], seed=numel, device="cuda", low=-1, high=3)[offset:].view(shape)
-        per_group = shape[1] // groups * shape[2]  # explicit: reshape cannot infer -1 for an empty batch
-        v64, m64 = torch.var_mean(x.double().reshape(shape[0], groups, per_group), dim=-1, correction=0)
+        x = check.rand_at_offset(shape, offset, seed=numel, device="cuda", low=-1, high=3)
+        m64, v64 = variance.grouped_reference(x, groups)
         for algo in ("onepass", "twopass", "welford", "welford_noshift"):
             mean = check.poisoned([shape[0], groups], device="cuda")
             var = check.poisoned([shape[0], groups], device="cuda")

@@ -233,3 +233,16 @@ def test_bad_input_is_named(gs, call, message):
 def test_bad_input_without_a_gpu(gs, x, groups, message):
     with pytest.raises(RuntimeError, match=message):
         gs.group_stats(x, groups, "welford")
+
+
+def test_grouped_reference_and_offset_input():
+    """The float64 reference of the checks and the sanitizer's workload: per (sample, group), empty batch too."""
+    x = check.rand_at_offset((2, 6, 5), 3, seed=4, low=-1.0, high=3.0)
+    assert x.is_contiguous() and x.storage_offset() == 3
+    assert torch.equal(x, check.rand([2 * 6 * 5 + 3], seed=4, low=-1.0, high=3.0)[3:].view(2, 6, 5))
+    mean, var = V.grouped_reference(x, 3)
+    groups = x.double().reshape(2, 3, 10)
+    assert torch.allclose(mean, groups.mean(-1)) and torch.allclose(var, groups.var(-1, correction=0))
+    assert mean.dtype == torch.float64 and mean.shape == (2, 3)
+    empty_mean, empty_var = V.grouped_reference(torch.zeros(0, 4, 5), 2)
+    assert empty_mean.shape == empty_var.shape == (0, 2)
