@@ -411,9 +411,13 @@ def _variance(rec: dict) -> dict[str, Placed]:
 
 
 def _stored(rec: dict) -> dict[str, Placed]:
-    """A record that carries its own counts (``counts``: {variant: {flop, read, write, math}})."""
+    """A record that carries its own counts (``counts``: {variant: {flop, read, write, math}}); where the record
+    also profiled the variant's kernels, its math is read from their names (``kernel_math``), not the label."""
+    ran: dict[str, list[str]] = {}
+    for k in rec.get("kernels", []):
+        ran.setdefault(k.get("variant", ""), []).append(k.get("kernel", ""))
     return {v: Placed(Counts(int(c["flop"]), int(c["read"]), int(c["write"]), int(c.get("macs", 0))),
-                      c.get("math", "fp32"))
+                      kernel_math(ran[v]) if v in ran else c.get("math", "fp32"))
             for v, c in rec.get("counts", {}).items() if v in rec.get("timings_ms", {})}
 
 

@@ -60,6 +60,9 @@ def test_bias_and_math_from_kernel_names():
         assert roofline.kernel_math(names[v]) == "fp32", v  # cuDNN's FFMA implicit GEMM and implicit sgemm
     assert roofline.kernel_math(["sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc"]) == "tf32"
     assert roofline.kernel_math(["ampere_sgemm_128x64_nn"]) == "fp32"
+    placed = roofline.placed(rec)  # the record's stored "tf32" labels give way to the profiled kernel names
+    assert {placed[v].math for v in ("eager_p73_eval", "eager_p27", "eager_p27_conv3d")} == {"fp32"}
+    assert placed["gemm_tf32_torch"].math == "tf32"  # not profiled: its stored label stands
 
 
 def test_fp32_lanes_per_sm():
