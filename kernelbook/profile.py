@@ -129,3 +129,10 @@ def ncu(script: str, chapter: str, variants: Iterable[str], metrics: Iterable[st
                 raise RuntimeError(f"ncu profiled no kernel inside {chapter}/{v}:\n{res.stdout[-3000:]}")
             rows += [{"variant": v, **r} for r in found]
     return pd.DataFrame(rows, columns=["variant", "kernel", "metric", "unit", "value"])
+
+
+def kernel_us(table, variant: str, pattern: str) -> float:
+    """Total µs of the kernels of ``variant`` whose names match the regex ``pattern`` (case-insensitive),
+    in a table from ``kernels`` (or its records): how a chapter splits a variant's time by kernel."""
+    rows = table[(table["variant"] == variant) & table["kernel"].str.contains(pattern, case=False)]
+    return float(rows["total_us"].sum())

@@ -30,3 +30,13 @@ def test_parse_ncu_csv_skips_noise_and_thousands_separators():
         {"kernel": "scale_vec4_kernel", "metric": "dram__bytes_read.sum", "unit": "byte", "value": 268437504.0},
         {"kernel": "scale_vec4_kernel", "metric": "dram__bytes_write.sum", "unit": "byte", "value": 268435456.0},
     ]
+
+
+def test_kernel_us_sums_matching_kernels_of_one_variant():
+    import pandas as pd
+
+    t = pd.DataFrame({"variant": ["a", "a", "b"], "kernel": ["conv_fprop", "elementwise_add", "conv_fprop"],
+                      "total_us": [10.0, 4.0, 7.0]})
+    assert profile.kernel_us(t, "a", "FPROP") == 10.0
+    assert profile.kernel_us(t, "a", ".") == 14.0
+    assert profile.kernel_us(t, "c", ".") == 0.0
