@@ -8,9 +8,14 @@ time the operation can take on that GPU:
 * for a memory-bound operation, its ``floor_passes`` passes over the tensor at the device-to-device
   copy rate measured in the same run (a copy is two passes);
 * otherwise the value the chapter stored as ``record["floor_ms"][<ours variant>]``, if any;
-* otherwise the roofline bound, max(FLOP / FP32 peak, bytes / copy rate), of the operation's counts
+* otherwise the roofline bound, max(FLOP / FP32 rate, bytes / copy rate), of the operation's counts
   (``kernelbook.roofline``) with the ceilings the roofline chapter measured (03_roofline: its FFMA
-  kernel and its copy), for variants that compute in FP32.
+  kernel and its copy), for variants that compute in FP32. The FP32 rate is that *measured* FFMA
+  rate, not the nominal peak (SMs × lanes × 2 × clock) a chapter may divide by, so a chapter's
+  "% of the FFMA peak" and this table's "% of floor" can differ by a little.
+
+It also says how the page was built (``built_on``) and whether the repository's address is still the
+placeholder (``repository_url``), so the front matter states neither as a typed fact.
 """
 
 from __future__ import annotations
@@ -79,22 +84,27 @@ def ceilings(gpu_slug: str | None = None, root: Path = RESULTS) -> tuple[float, 
     return peak, bandwidth
 
 
-def floor_ms(row: Row, rec: dict, ceil: tuple[float, float] | None = None) -> float | None:
-    """The row's floor in ms (see the module's docstring for the three ways it is found)."""
+def _floor(row: Row, rec: dict, ceil: tuple[float, float] | None) -> tuple[float | None, str | None]:
+    """The row's floor in ms and how it was found: "copy", "stored" or "roofline" (None, None: unknown)."""
     if row.floor_passes is not None:
         copy = _median(rec, COPY)
-        return None if copy is None else copy * row.floor_passes / 2
+        return (None, None) if copy is None else (copy * row.floor_passes / 2, "copy")
     stored = rec.get("floor_ms", {})
     if isinstance(stored, dict) and row.ours in stored:
-        return float(stored[row.ours])
+        return float(stored[row.ours]), "stored"
     if ceil is None:
-        return None
+        return None, None
     from . import roofline
 
     placed = roofline.placed(rec).get(row.ours)
     if placed is None or placed.math != "fp32":
-        return None
-    return roofline.bound_ms(placed.counts, *ceil)
+        return None, None
+    return roofline.bound_ms(placed.counts, *ceil), "roofline"
+
+
+def floor_ms(row: Row, rec: dict, ceil: tuple[float, float] | None = None) -> float | None:
+    """The row's floor in ms (see the module's docstring for the three ways it is found)."""
+    return _floor(row, rec, ceil)[0]
 
 
 def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
@@ -106,14 +116,15 @@ def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
         rec = _load(row.chapter, slug, root)
         if rec is None:
             continue
-        eager, comp, ours, floor = (_median(rec, row.eager), _median(rec, row.compiled), _median(rec, row.ours),
-                                    floor_ms(row, rec, ceil))
+        eager, comp, ours = _median(rec, row.eager), _median(rec, row.compiled), _median(rec, row.ours)
+        floor, basis = _floor(row, rec, ceil)
         out.append({
             "problem": row.problem, "operation": row.what, "chapter": row.chapter,
             "eager ms": eager, "compile ms": comp, "ours ms": ours,
             "× eager": eager / ours if eager and ours else None,
             "× compile": comp / ours if comp and ours else None,
             "% of floor": 100 * floor / ours if floor and ours else None,
+            "floor": basis if floor and ours else None,
             "gpu": rec["provenance"]["gpu"], "torch": rec["provenance"]["torch"], "date": rec["provenance"]["date"],
         })
     return out
@@ -162,7 +173,73 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
                  f"are eager's (or compile's) time over ours. The baselines run with PyTorch's defaults, which let "
                  f"cuDNN use TF32 for convolutions; ours compute in FP32. — where a chapter did not time that "
                  f"variant or no floor is known.")
+    lines.append("")
+    lines.append(_floor_note(rs, gpu_slug, root))
     return "\n".join(lines)
+
+
+def _floor_note(rs: list[dict], gpu_slug: str | None, root: Path) -> str:
+    """What "% of floor" divides by, per kind of row, with the measured ceilings where a row uses them."""
+    kinds = {r["floor"] for r in rs}
+    parts = []
+    if "copy" in kinds:
+        parts.append("for a memory-bound row, the operation's unavoidable passes over its tensor at the "
+                     "device-to-device copy rate the same chapter measured in the same run")
+    if "roofline" in kinds:
+        chapters = sorted({int(r["chapter"][:2]) for r in rs if r["floor"] == "roofline"})
+        peak, bandwidth = ceilings(gpu_slug, root) or (float("nan"), float("nan"))
+        parts.append(f"for a row with real arithmetic (chapter{'s' * (len(chapters) > 1)} "
+                     f"{', '.join(map(str, chapters))}), the roofline bound with the "
+                     f"ceilings the roofline chapter (03) measured: {peak / 1e12:.1f} TFLOP/s from its own FFMA "
+                     f"kernel and {bandwidth / 1e9:,.0f} GB/s from its copy. That measured FFMA rate is not the "
+                     f"nominal FFMA peak (SMs × FP32 lanes × 2 FLOP × clock) that a chapter's \"% of the FFMA "
+                     f"peak\" divides by, so the two percentages of the same kernel can differ by a little")
+    if "stored" in kinds:
+        parts.append("for a row whose chapter derives its own floor, the one stored with its record")
+    if not parts:
+        return "*% of floor*: 100 % is as fast as the hardware allows."
+    return "*% of floor* is the floor's time over ours (100 % is as fast as the hardware allows): " + "; ".join(
+        parts) + "."
+
+
+def built_on() -> str:
+    """How this build runs the chapters, in one sentence: live on a GPU, or from records without one."""
+    from .device import gpu
+
+    g = gpu()
+    if g is None:
+        return ("This copy of the book was built on a machine without a GPU: every cell that can run on a CPU "
+                "ran live when the page was built, and the GPU measurements come from records made on a GPU")
+    return (f"This copy of the book was built on a machine with a GPU ({g['gpu']}): every chapter's cells ran "
+            f"live on it when the page was built (the results table on the intro still reads the records)")
+
+
+PLACEHOLDER = "REPLACE-ME"  # in _config.yml's repository.url until whoever publishes the book sets the address
+
+
+def repository_url(root: Path = ROOT) -> str:
+    """The repository's address as _config.yml writes it (``repository.url``: the one place it is set)."""
+    import yaml
+
+    return yaml.safe_load((root / "_config.yml").read_text())["repository"]["url"]
+
+
+def torch_versions(gpu_slug: str | None = None, root: Path = RESULTS) -> list[str]:
+    """The PyTorch versions the records on ``gpu_slug`` were made with (the GPU machine's own torch)."""
+    slug = gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
+    return sorted({json.loads(p.read_text())["provenance"]["torch"] for p in (root / slug).glob("*.json")})
+
+
+def pinned(package: str, root: Path = ROOT) -> str | None:
+    """The version constraints.txt pins ``package`` to (the build's and the tests' environment), if any."""
+    path = root / "constraints.txt"
+    if not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        name, sep, version = line.split("#")[0].strip().partition("==")
+        if sep and name.strip().lower() == package.lower():
+            return version.strip()
+    return None
 
 
 def show(gpu_slug: str | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -14,6 +15,36 @@ from kernelbook.records import DEFAULT_GPU
 def _median(chapter, variant):
     rec = json.loads((RESULTS / DEFAULT_GPU / f"{chapter}.json").read_text())
     return rec["timings_ms"][variant]["median"]
+
+
+def _fmt(value, spec):
+    return "—" if value is None else format(value, spec)
+
+
+def expected_cells(row: summary.Row) -> list[str]:
+    """A row's cells as the intro must show them, computed here from its chapter's record (plain text:
+    the chapter as its number, the operation without Markdown's backticks)."""
+    rec = json.loads((RESULTS / DEFAULT_GPU / f"{row.chapter}.json").read_text())
+    eager, ours = _median(row.chapter, row.eager), _median(row.chapter, row.ours)
+    comp = _median(row.chapter, row.compiled) if row.compiled else None
+    if row.floor_passes:
+        floor = _median(row.chapter, summary.COPY) * row.floor_passes / 2
+    else:  # the roofline or stored floor: checked against its own arithmetic in the last test below
+        floor = summary.floor_ms(row, rec, summary.ceilings(DEFAULT_GPU))
+    return [row.problem, row.what.replace("`", ""), row.chapter[:2], _fmt(eager, ".3f"), _fmt(comp, ".3f"),
+            _fmt(ours, ".3f"), _fmt(eager / ours, ".2f"), _fmt(comp / ours if comp else None, ".2f"),
+            _fmt(100 * floor / ours if floor else None, ".0f")]
+
+
+def markdown_rows(text: str) -> list[list[str]]:
+    """The body rows of the first Markdown table in ``text``, as plain-text cells."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    out = []
+    for ln in lines[2:]:  # after the header and the alignment row
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        cells = [re.sub(r"\{doc\}`(\S+) <[^>]+>`", r"\1", c).replace("`", "") for c in cells]
+        out.append(cells)
+    return out
 
 
 def test_every_recorded_chapter_in_the_table_has_the_variants_it_names():
@@ -40,8 +71,64 @@ def test_numbers_are_the_records(row):
         floor = _median(row.chapter, summary.COPY) * row.floor_passes / 2
         assert got["% of floor"] == pytest.approx(100 * floor / ours)
         assert 0 < got["% of floor"] <= 105, "faster than the copy rate allows: a wrong pass count?"
+    shown = markdown_rows(summary.markdown_table(DEFAULT_GPU))
+    assert expected_cells(row) in shown, f"{row.chapter}: the table's row is not the record's"
+
+
+def test_the_table_is_exactly_the_recorded_rows_cell_by_cell():
     text = summary.markdown_table(DEFAULT_GPU)
-    assert f"| {ours:.3f} |" in text and f"| {eager:.3f} |" in text
+    header = [c.strip() for c in text.splitlines()[0].strip().strip("|").split("|")]
+    assert header == summary.COLUMNS
+    recorded = [r for r in summary.ROWS if (RESULTS / DEFAULT_GPU / f"{r.chapter}.json").is_file()]
+    assert markdown_rows(text) == [expected_cells(r) for r in recorded]
+
+
+def test_the_note_under_the_table_says_what_each_floor_divides_by():
+    text = summary.markdown_table(DEFAULT_GPU)
+    kinds = {r["floor"] for r in summary.rows(DEFAULT_GPU)}
+    if "copy" in kinds:
+        assert "device-to-device copy rate" in text
+    if "roofline" in kinds:
+        peak, bandwidth = summary.ceilings(DEFAULT_GPU)
+        assert f"{peak / 1e12:.1f} TFLOP/s" in text and f"{bandwidth / 1e9:,.0f} GB/s" in text
+        assert "nominal FFMA peak" in text
+
+
+def test_built_on_says_how_this_build_ran():
+    import kernelbook as kb
+
+    text = summary.built_on()
+    if kb.gpu() is None:
+        assert "without a GPU" in text
+    else:
+        assert kb.gpu()["gpu"] in text and "without" not in text
+
+
+def test_versions_read_from_constraints_and_records(tmp_path):
+    assert summary.pinned("torch") is not None, "constraints.txt pins torch"
+    assert summary.pinned("no-such-package") is None
+    (tmp_path / "constraints.txt").write_text("# comment\nTorch==1.2.3  # pinned\nnumpy==2.0\n")
+    assert summary.pinned("torch", root=tmp_path) == "1.2.3"
+    recorded = {json.loads(p.read_text())["provenance"]["torch"] for p in (RESULTS / DEFAULT_GPU).glob("*.json")}
+    assert summary.torch_versions(DEFAULT_GPU) == sorted(recorded)
+
+
+def test_pages_with_a_repository_warning_read_the_configured_address():
+    url = summary.repository_url()
+    assert url.startswith("https://github.com/")
+    page = (ROOT / "book" / "reproducing.md").read_text()
+    assert "summary.PLACEHOLDER in url" in page, "the reproducing page warns while the address is a placeholder"
+
+
+def test_intro_calls_the_capstones_forthcoming_only_while_they_are_not_in_the_book():
+    toc = (ROOT / "_toc.yml").read_text()
+    capstones = sorted({r.chapter for r in summary.ROWS if "capstone" in r.chapter})
+    in_book = [c for c in capstones if f"notebooks/{c}" in toc]
+    intro = (ROOT / "book" / "intro.md").read_text()
+    if in_book:
+        assert "still to be written" not in intro, f"{in_book} are in the book: reword the intro's capstone sentence"
+    else:
+        assert "still to be written" in intro and "not in the table of contents yet" in intro
 
 
 def test_table_grows_with_records_and_reads_a_stored_floor(tmp_path):
