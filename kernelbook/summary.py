@@ -190,7 +190,7 @@ def _floor_note(rs: list[dict], gpu_slug: str | None, root: Path) -> str:
         peak, bandwidth = ceilings(gpu_slug, root) or (float("nan"), float("nan"))
         parts.append(f"for a row with real arithmetic (chapter{'s' * (len(chapters) > 1)} "
                      f"{', '.join(map(str, chapters))}), the roofline bound with the "
-                     f"ceilings the roofline chapter (03) measured: {peak / 1e12:.1f} TFLOP/s from its own FFMA "
+                     f"ceilings the roofline chapter (3) measured: {peak / 1e12:.1f} TFLOP/s from its own FFMA "
                      f"kernel and {bandwidth / 1e9:,.0f} GB/s from its copy. That measured FFMA rate is not the "
                      f"nominal FFMA peak (SMs × FP32 lanes × 2 FLOP × clock) that a chapter's \"% of the FFMA "
                      f"peak\" divides by, so the two percentages of the same kernel can differ by a little")
