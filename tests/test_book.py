@@ -46,6 +46,7 @@ def test_no_cell_failed_or_warned(site):
         text = page.read_text()
         assert "Traceback (most recent call last)" not in text, page
         assert 'class="output stderr"' not in text, f"{page.name} shows stderr output"
+        assert "{glue" not in text, f"{page.name} has an unresolved glue reference"
 
 
 @pytest.mark.book
