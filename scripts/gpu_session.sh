@@ -5,7 +5,9 @@
 #   scripts/gpu_session.sh OUTDIR [chapter ...]      (default: every chapter)
 #
 # KERNELBOOK_SANITIZE="name ..." restricts compute-sanitizer to those workloads of scripts/sanitize.py
-# (default: all of them).
+# (default: all of them). KERNELBOOK_COMMIT=<sha> names the commit the records were measured at; set
+# it from the checkout that sent the tree when the GPU machine's copy of .git may be stale (a copied
+# working tree can carry an old HEAD: records then name the wrong commit).
 #
 # Needs a CUDA GPU, nvcc, and the Python packages of requirements.txt; ncu and compute-sanitizer
 # steps are skipped (with a message) where those tools are not installed.
