@@ -1,11 +1,27 @@
 """kernelbook — the toolkit behind the book: build, check, time, profile and record fused CUDA kernels.
 
 Notebooks import it as ``import kernelbook as kb`` and use ``kb.build``, ``kb.check``, ``kb.timing``,
-``kb.profile``, ``kb.records``, ``kb.folding``, ``kb.plots`` and ``kb.problems``; ``kb.gpu()`` says what is live and
-``kb.glue`` hands a computed number to the prose.
+``kb.profile``, ``kb.records``, ``kb.plots`` and ``kb.problems``, and the chapters' own models:
+``kb.folding``, ``kb.roofline``, ``kb.coalescing``, ``kb.variance`` (``kb.summary`` builds the intro's
+table). ``kb.gpu()`` says what is live and ``kb.glue`` hands a computed number to the prose.
 """
 
-from . import build, check, folding, paths, plots, problems, profile, records, timing
+from . import (
+    build,
+    check,
+    coalescing,
+    device,
+    folding,
+    paths,
+    plots,
+    problems,
+    profile,
+    records,
+    roofline,
+    summary,
+    timing,
+    variance,
+)
 from .device import describe, gpu
 
 
@@ -21,5 +37,5 @@ def glue(name: str, value) -> None:
     _glue(name, value, display=False)
 
 
-__all__ = ["build", "check", "describe", "folding", "glue", "gpu", "paths", "plots", "problems", "profile", "records",
-           "timing"]
+__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "gpu", "paths", "plots", "problems",
+           "profile", "records", "roofline", "summary", "timing", "variance"]
