@@ -29,9 +29,9 @@ CUDA_SRC = r"""
 //                           shuffles, one partial state per (block, warp row) in global memory; the last
 //                           block to finish merges them in double, writes the per-channel map
 //                           y ← (y − mean)·γs/√(var + ε) + βs and updates the running statistics exactly
-//                           as nn.BatchNorm2d does. Then chapter 1's apply kernel (bn_train.cu, included
-//                           below, not copied) normalises y in place: each element is read and written by
-//                           the same thread, so x == y is safe for it.
+//                           as nn.BatchNorm2d does. Then an in-place apply kernel normalises y (chapter 1's
+//                           apply arithmetic and grid from bn_train.cu, included below, not copied; its own
+//                           kernel is not used with x == y: it reads through const __restrict__ pointers).
 // Training mode therefore moves the output three times (write, read, write: 3 × 520 MB for P73) against
 // computing the convolution twice (notes/conv_bn_train.md counts both).
 //
@@ -791,9 +791,13 @@ conv3x3_kernel(const float* __restrict__ x, const float* __restrict__ w, const f
     finish_stats(st, s, slots);
 }
 
-// Persistent grid: as many blocks as fit on the GPU at once (asked once per device and kernel).
+// Persistent grid: as many blocks as fit on the GPU at once (asked once per device and kernel), after opting
+// the kernel in to its dynamic shared memory. `static` matters: a static local of a function template with
+// external linkage is an STB_GNU_UNIQUE symbol, which the dynamic linker shares between every loaded module
+// (even RTLD_LOCAL ones): a second build variant (or the generated solution) in the same process would find
+// the cache filled by the first and launch its own kernel without the shared-memory opt-in.
 template <bool kStats, bool kPipe>
-cudaError_t resident_blocks(int groups, int* out) {
+static cudaError_t resident_blocks(int groups, int* out) {
     static int cache[64][GROUPS + 1] = {};
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -834,6 +838,44 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
         conv3x3_kernel<kStats, true><<<grid, block, smem_bytes<kStats>(), stream>>>(x, w, b, y, s, st);
     else
         conv3x3_kernel<kStats, false><<<grid, block, smem_bytes<kStats>(), stream>>>(x, w, b, y, s, st);
+    return cudaGetLastError();
+}
+
+// y ← (y − m[c])·a[c] + b[c] in place, over plane (n, c) = blockIdx.x, tile blockIdx.y of bn_train's apply grid,
+// and the batch counted (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
+// bn_train's bn_apply_kernel with x == y would be undefined behaviour: it reads through a const __restrict__
+// pointer, which nvcc compiles to ld.global.nc (the data must be read-only for the kernel's whole lifetime)
+// while the same kernel writes it. Here one pointer, not __restrict__, is read and then written.
+template <int V>
+__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p) {
+    using VT = typename Vec<V>::T;
+    const int64_t plane = blockIdx.x;
+    const int c = static_cast<int>(plane % p.C);
+    const float m = p.mab[c], a = p.mab[p.C + c], b = p.mab[2 * p.C + c];
+    if (plane == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
+    const int64_t items_per_plane = p.HW / V;
+    VT* y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
+    const int64_t base = static_cast<int64_t>(blockIdx.y) * kThreads * kUnroll + threadIdx.x;
+    VT v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {  // all loads first (kUnroll in flight), then the stores
+        const int64_t i = base + u * kThreads;
+        if (i < items_per_plane) v[u] = y[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * kThreads;
+        if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+    }
+}
+
+cudaError_t launch_apply_inplace(const Params& p, cudaStream_t stream) {
+    dim3 grid;
+    if (!apply_grid(p, &grid)) return cudaErrorInvalidValue;
+    if (use_vec4(p))
+        apply_inplace_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+    else
+        apply_inplace_kernel<1><<<grid, kThreads, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -890,8 +932,8 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
     return cbs::launch<false>(x, w, b, y, s, none, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
 }
 
-// Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (bn_train's
-// apply kernel, which also counts the batch). Workspaces: partial [C_out · slots] Welford states (slots from
+// Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
+// kernel, which also counts the batch). Workspaces: partial [C_out · slots] Welford states (slots from
 // cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
@@ -905,7 +947,7 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
     cbs::Shape s = cbs::make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(tiles);
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
-    // bn_train's apply kernel, in place (x == y: each element is read, then written, by one thread).
+    // The in-place apply's parameters (bn_train's Params and grid, x == y).
     Params p{y, y, gamma, beta, running_mean, running_var, num_batches_tracked, nullptr, nullptr, mab,
              nullptr, nullptr, N, C_out, HW, 0, momentum, eps, scale};
     dim3 apply;  // validate the apply grid before the first launch: never update the stats and then fail
@@ -914,7 +956,7 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                         running_var, num_batches_tracked, momentum, eps, scale};
     cudaError_t err = cbs::launch<true>(x, w, b, y, s, st, static_cast<int>(slots / cbs::WROWS), stream);
     if (err != cudaSuccess) return err;
-    return launch_apply(p, /*eval=*/false, stream);
+    return cbs::launch_apply_inplace(p, stream);
 }
 """
 
@@ -1214,7 +1256,7 @@ def _ext():
     global _EXT
     if _EXT is None:
         _EXT = load_inline(
-            name="p73_conv_bn_scale_5300d34aa037",
+            name="p73_conv_bn_scale_7bbda9207699",
             cpp_sources=[CPP_SRC],
             cuda_sources=[CUDA_SRC],
             extra_cflags=["-O3"],

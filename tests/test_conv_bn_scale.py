@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -242,6 +244,19 @@ def test_default_configuration(cbs):
     assert smem_train == smem_eval + 32 * wrows * groups * co_t * 8
     # two resident blocks of the training kernel per SM on an H200 (228 KB of shared memory per SM)
     assert 2 * (smem_train + 1024) <= 228 * 1024
+
+
+@pytest.mark.compile
+def test_no_host_state_shared_between_loaded_modules(cbs):
+    """A static local of a function template with external linkage is an STB_GNU_UNIQUE symbol ('u' in nm), which
+    the dynamic linker shares between every loaded module, RTLD_LOCAL or not: with the launcher's cache of resident
+    blocks shared, a second variant (or the generated solution) in one process skipped its shared-memory opt-in."""
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    syms = subprocess.run(["nm", "-D", "-C", "--defined-only", cbs.__file__], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+    unique = [s for s in syms if " u " in s and not s.split(" u ", 1)[1].startswith("std::")]
+    assert not unique, f"process-wide (STB_GNU_UNIQUE) symbols in the extension: {unique}"
 
 
 def _sweep():
