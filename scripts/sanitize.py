@@ -130,8 +130,36 @@ def group_stats() -> None:
                 check.assert_close(out, gn(x.double()), tol, what=f"group norm {shape}")
 
 
+def conv_bn_scale() -> None:
+    import copy
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    mod = kb.build.load("conv_bn_scale")
+    # (N, C_in, H, W, C_out, out offset): the pipelined path with a partial column tile and an odd HO, the
+    # unpipelined path (C_in > 8) with two channel blocks, a misaligned output (scalar stores and apply).
+    for n, c_in, h, w, c_out, off in [(1, 3, 7, 97, 16, 0), (2, 9, 5, 131, 70, 0), (1, 2, 4, 8, 5, 1)]:
+        torch.manual_seed(n + c_in + h)
+        r64 = nn.ModuleDict({"conv": nn.Conv2d(c_in, c_out, 3), "bn": nn.BatchNorm2d(c_out)}).double().cuda()
+        ours = copy.deepcopy(r64).float()
+        c, b = ours["conv"], ours["bn"]
+        x = check.rand((n, c_in, h, w), seed=c_in, device="cuda")
+        shape = (n, c_out, h - 2, w - 2)
+        out = check.poisoned([n * c_out * (h - 2) * (w - 2) + off], device="cuda")[off:].view(shape)
+        mod.conv_bn_scale_train(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
+                                b.num_batches_tracked, 0.1, b.eps, 2.0, out)
+        with torch.no_grad():
+            check.assert_close(out, r64["bn"](r64["conv"](x.double())) * 2.0, 1e-4, what=f"cbs train {shape}")
+        check.assert_close(b.running_var, r64["bn"].running_var, 1e-4, what=f"cbs running_var {shape}")
+        out.fill_(float("nan"))
+        mod.conv_bn_scale_eval(x, c.weight, c.bias, out)
+        check.assert_close(out, F.conv2d(x.double(), c.weight.double(), c.bias.double()), 1e-5,
+                           what=f"cbs eval {shape}")
+
+
 WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings,
-             "ceilings": ceilings, "group_stats": group_stats}
+             "ceilings": ceilings, "group_stats": group_stats, "conv_bn_scale": conv_bn_scale}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)

@@ -1,0 +1,187 @@
+// conv_bn_scale.cpp — the torch binding of conv_bn_scale.cu: P73 (Conv2d 3×3 → BatchNorm2d → ·s) fused.
+//
+// conv_bn_scale_train follows nn.BatchNorm2d in training mode: it normalises with the batch statistics and
+// updates running_mean / running_var / num_batches_tracked in place (momentum None: cumulative average).
+// conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
+// (kernelbook/folding.py): eval-mode P73 in one launch.
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <climits>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "torch_checks.h"
+
+// From conv_bn_scale.cu.
+int cbs_kernel_size();
+int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
+cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
+void cbs_config(int* out);
+int64_t bn_max_plane();
+cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
+                            int W, int C_out, cudaStream_t stream);
+cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                             const float* beta, float* running_mean, float* running_var,
+                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
+                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
+                             float eps, float scale, cudaStream_t stream);
+
+namespace {
+
+// Validates x (N, C_in, H, W), weight (C_out, C_in, 3, 3), bias (C_out or None) and out; returns the output.
+torch::Tensor checked_output(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
+                             const std::optional<torch::Tensor>& bias, const std::optional<torch::Tensor>& out) {
+    KB_CHECK(x.dim() == 4, op, ": x must be 4-D (N, C_in, H, W), got ", x.dim(), "-D shape ",
+             kb::shape_str(x.sizes()));
+    KB_CHECK(weight.dim() == 4, op, ": weight must be 4-D (C_out, C_in, 3, 3), got ", weight.dim(), "-D shape ",
+             kb::shape_str(weight.sizes()));
+    kb::check_tensor(x, op, "x");
+    kb::check_tensor(weight, op, "weight");
+    if (bias) kb::check_tensor(*bias, op, "bias");
+    kb::check_same_device(x, weight, op, "x", "weight");
+    if (bias) kb::check_same_device(x, *bias, op, "x", "bias");
+    const int64_t c_in = x.size(1), h = x.size(2), w = x.size(3), c_out = weight.size(0);
+    const int k = cbs_kernel_size();
+    KB_CHECK(weight.size(1) == c_in, op, ": weight has ", weight.size(1), " input channels but x has ", c_in,
+             " (weight ", kb::shape_str(weight.sizes()), ", x ", kb::shape_str(x.sizes()), ")");
+    KB_CHECK(weight.size(2) == k && weight.size(3) == k, op, ": the kernel is specialised for ", k, "x", k,
+             " filters, got weight ", kb::shape_str(weight.sizes()));
+    KB_CHECK(c_out >= 1, op, ": weight must have at least one output channel, got ", kb::shape_str(weight.sizes()));
+    KB_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == c_out), op, ": bias must have shape [", c_out,
+             "] (one value per output channel), got ", bias ? kb::shape_str(bias->sizes()) : std::string("None"));
+    KB_CHECK(h >= k && w >= k, op, ": the input plane ", h, "x", w, " is smaller than the ", k, "x", k,
+             " kernel (no padding: the output would be empty)");
+    KB_CHECK(c_in <= INT_MAX && c_out <= INT_MAX && h <= INT_MAX && w <= INT_MAX && x.size(0) <= INT_MAX, op,
+             ": the batch, channel counts and plane sizes must fit in 32 bits");
+    const int64_t tiles = cbs_tiles(x.size(0), static_cast<int>(h), static_cast<int>(w), static_cast<int>(c_out));
+    KB_CHECK(tiles <= INT_MAX, op, ": the output splits into ", tiles, " tiles, more than the kernel's 2^31 - 1; ",
+             "split the batch");
+    const std::vector<int64_t> shape = {x.size(0), c_out, h - k + 1, w - k + 1};
+    if (!out) return torch::empty(shape, x.options());
+    kb::check_tensor(*out, op, "out");
+    kb::check_shape(*out, shape, op, "out");
+    kb::check_same_device(x, *out, op, "x", "out");
+    kb::check_no_overlap(x, *out, op, "x", "out");
+    kb::check_no_overlap(weight, *out, op, "weight", "out");
+    if (bias) kb::check_no_overlap(*bias, *out, op, "bias", "out");
+    return *out;
+}
+
+// A per-channel vector: float32, contiguous, on x's device, of length C_out, not overlapping y.
+void check_channel_vector(const char* op, const std::optional<torch::Tensor>& t, const torch::Tensor& x,
+                          const torch::Tensor& y, const char* name) {
+    if (!t) return;
+    kb::check_tensor(*t, op, name);
+    kb::check_same_device(x, *t, op, "x", name);
+    KB_CHECK(t->dim() == 1 && t->size(0) == y.size(1), op, ": ", name, " must have shape [", y.size(1),
+             "] (one value per output channel), got ", kb::shape_str(t->sizes()));
+    kb::check_no_overlap(*t, y, op, name, "out");
+}
+
+const float* ptr_or_null(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
+
+}  // namespace
+
+// Eval mode: y = conv2d(x, folded_w, folded_b), stride 1, no padding.
+torch::Tensor conv_bn_scale_eval(const torch::Tensor& x, const torch::Tensor& folded_w,
+                                 const std::optional<torch::Tensor>& folded_b,
+                                 const std::optional<torch::Tensor>& out) {
+    constexpr const char* op = "conv_bn_scale_eval";
+    torch::Tensor y = checked_output(op, x, folded_w, folded_b, out);
+    if (y.numel() == 0) return y;
+    const c10::cuda::CUDAGuard guard(x.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    kb::check_launch(launch_cbs_eval(x.data_ptr<float>(), folded_w.data_ptr<float>(), ptr_or_null(folded_b),
+                                     y.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
+                                     static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                                     static_cast<int>(folded_w.size(0)), stream),
+                     op);
+    return y;
+}
+
+// Training mode: y = BN(conv2d(x, conv_w, conv_b))·scale with the batch statistics; updates the running
+// statistics in place exactly as nn.BatchNorm2d does.
+torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& conv_w,
+                                  const std::optional<torch::Tensor>& conv_b,
+                                  const std::optional<torch::Tensor>& bn_w, const std::optional<torch::Tensor>& bn_b,
+                                  const std::optional<torch::Tensor>& running_mean,
+                                  const std::optional<torch::Tensor>& running_var,
+                                  const std::optional<torch::Tensor>& num_batches_tracked,
+                                  std::optional<double> momentum, double eps, double scale,
+                                  const std::optional<torch::Tensor>& out) {
+    constexpr const char* op = "conv_bn_scale_train";
+    torch::Tensor y = checked_output(op, x, conv_w, conv_b, out);
+    check_channel_vector(op, bn_w, x, y, "bn_w");
+    check_channel_vector(op, bn_b, x, y, "bn_b");
+    check_channel_vector(op, running_mean, x, y, "running_mean");
+    check_channel_vector(op, running_var, x, y, "running_var");
+    const bool tracking = running_mean.has_value();
+    KB_CHECK(running_var.has_value() == tracking && num_batches_tracked.has_value() == tracking, op,
+             ": running_mean, running_var and num_batches_tracked must be given together or all be None");
+    if (tracking) {
+        const auto& nbt = *num_batches_tracked;
+        kb::check_tensor(nbt, op, "num_batches_tracked", torch::kInt64);
+        kb::check_same_device(x, nbt, op, "x", "num_batches_tracked");
+        KB_CHECK(nbt.numel() == 1, op, ": num_batches_tracked must hold one value, got ", nbt.numel());
+    }
+    KB_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0), op, ": momentum must be in [0, 1] or None, got ",
+             momentum ? *momentum : 0.0);
+    KB_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
+    const int64_t N = y.size(0), C = y.size(1), HW = y.size(2) * y.size(3);
+    KB_CHECK(HW <= bn_max_plane(), op, ": output planes of more than ", bn_max_plane(),
+             " values (H*W) are not supported, got ", HW);
+    KB_CHECK(N * C <= INT_MAX, op, ": at most 2^31 - 1 output planes (N*C_out) are supported, got ", N * C);
+    if (N == 0) {  // an empty batch: like nn.BatchNorm2d, an empty output, and the batch is still counted
+        if (tracking) num_batches_tracked->add_(1);
+        return y;
+    }
+    KB_CHECK(N * HW > 1, op, ": training mode needs more than 1 value per channel, got an output of shape ",
+             kb::shape_str(y.sizes()));
+
+    const c10::cuda::CUDAGuard guard(x.device());
+    int64_t slots = 0;
+    kb::check_cuda(cbs_train_slots(N, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
+                                   static_cast<int>(x.size(3)), static_cast<int>(C), &slots),
+                   op, "sizing the grid");
+    const auto fopts = x.options();
+    torch::Tensor mab = torch::empty({3, C}, fopts);                         // per channel: y ← (y − m)·a + b
+    torch::Tensor partial = torch::empty({C * slots * 3}, fopts);            // Welford states (n, mean, M2)
+    torch::Tensor arrivals = torch::zeros({1}, fopts.dtype(torch::kInt32));  // blocks done, counted by the kernel
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    kb::check_launch(
+        launch_cbs_train(x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b), y.data_ptr<float>(),
+                         ptr_or_null(bn_w), ptr_or_null(bn_b), tracking ? running_mean->data_ptr<float>() : nullptr,
+                         tracking ? running_var->data_ptr<float>() : nullptr,
+                         tracking ? num_batches_tracked->data_ptr<int64_t>() : nullptr, mab.data_ptr<float>(),
+                         partial.data_ptr(), slots, reinterpret_cast<unsigned*>(arrivals.data_ptr<int32_t>()), N,
+                         static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                         static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
+                         static_cast<float>(eps), static_cast<float>(scale), stream),
+        op);
+    return y;
+}
+
+// The compile-time configuration: rows per thread, channels per thread, channel groups, warp rows, minimum
+// blocks per SM, cp.async staging, dynamic shared memory bytes (eval, train).
+std::vector<int64_t> conv_bn_scale_config() {
+    int c[8];
+    cbs_config(c);
+    return {c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    using pybind11::arg;
+    m.def("conv_bn_scale_train", &conv_bn_scale_train,
+          "Training-mode BatchNorm2d(conv2d(x, conv_w, conv_b)) * scale (3x3, stride 1, no padding) with batch "
+          "statistics; updates the running statistics in place",
+          arg("x"), arg("conv_w"), arg("conv_b"), arg("bn_w"), arg("bn_b"), arg("running_mean"), arg("running_var"),
+          arg("num_batches_tracked"), arg("momentum"), arg("eps"), arg("scale"), arg("out") = pybind11::none());
+    m.def("conv_bn_scale_eval", &conv_bn_scale_eval,
+          "conv2d(x, folded_w, folded_b), 3x3, stride 1, no padding: eval-mode P73 with BN and the scale folded in",
+          arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none());
+    m.def("config", &conv_bn_scale_config,
+          "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");
+}

@@ -1,0 +1,603 @@
+// conv_bn_scale.cu — P73 (Conv2d 3×3 → BatchNorm2d → ·s) fused, in training and eval mode. NCHW float32,
+// stride 1, no padding, plain FFMA (no TF32).
+//
+// One direct-convolution kernel, compiled twice (template kStats):
+//   eval  (kStats = false): y = conv(x, W') + b' with W', b' folded from the eval-mode BN and s
+//                           (kernelbook/folding.py): the whole of eval-mode P73 in one launch.
+//   train (kStats = true):  y = conv(x, W) + b is written once, and the epilogue also summarises each
+//                           output channel as a Welford state (count, mean, M2): per thread across its
+//                           tiles (Chan's merge, one count shared by all its channels), across the warp by
+//                           shuffles, one partial state per (block, warp row) in global memory; the last
+//                           block to finish merges them in double, writes the per-channel map
+//                           y ← (y − mean)·γs/√(var + ε) + βs and updates the running statistics exactly
+//                           as nn.BatchNorm2d does. Then an in-place apply kernel normalises y (chapter 1's
+//                           apply arithmetic and grid from bn_train.cu, included below, not copied; its own
+//                           kernel is not used with x == y: it reads through const __restrict__ pointers).
+// Training mode therefore moves the output three times (write, read, write: 3 × 520 MB for P73) against
+// computing the convolution twice (notes/conv_bn_train.md counts both).
+//
+// The convolution is chapter 2's tiled kernel (conv2d_folded.cu) taken further:
+//   * RPT output rows per thread (default 2): each staged input row and each weight loaded from shared
+//     memory feeds RPT times as many FMAs; per-tile costs (staging, tile indexing) are paid per RPT rows;
+//   * double-buffered input staging when all input channels fit one chunk (P73: 8): the next tile's rows
+//     are copied while this one is computed — with cp.async on sm_80+ when KB_CBS_ASYNC=1, otherwise with
+//     ordinary loads issued before the compute.
+// A block computes WROWS·RPT output rows × 128 columns × CO_T·GROUPS channels of one image; warp (g, r)
+// owns rows r·RPT … r·RPT+RPT−1 and channels CO_T·g …; lane l owns columns 2l, 2l+1, 64+2l, 65+2l.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "bn_train.cu"  // chapter 1's Params, apply grid and per-element map (reused, not copied)
+#include "welford.cuh"
+
+#ifndef KB_CBS_RPT
+#define KB_CBS_RPT 2
+#endif
+#ifndef KB_CBS_CO_T
+#define KB_CBS_CO_T 8
+#endif
+#ifndef KB_CBS_GROUPS
+#define KB_CBS_GROUPS 8
+#endif
+#ifndef KB_CBS_WROWS
+#define KB_CBS_WROWS 1
+#endif
+#ifndef KB_CBS_MIN_BLOCKS
+#define KB_CBS_MIN_BLOCKS 2
+#endif
+#ifndef KB_CBS_ASYNC
+#define KB_CBS_ASYNC 1
+#endif
+
+namespace cbs {
+
+constexpr int K3 = 3;
+constexpr int PAIRS = 2;                          // column pairs per lane
+constexpr int TILE_W = 2 * 32 * PAIRS;            // 128 output columns per warp
+constexpr int RPT = KB_CBS_RPT;                   // output rows per thread
+constexpr int WROWS = KB_CBS_WROWS;               // warps along the rows
+constexpr int CO_T = KB_CBS_CO_T;                 // output channels per thread (a multiple of 4)
+constexpr int GROUPS = KB_CBS_GROUPS;             // warps along the channels
+constexpr int CO_B = CO_T * GROUPS;
+constexpr int TILE_H = RPT * WROWS;               // output rows per tile
+constexpr int CI_CHUNK = 8;                       // input channels staged at a time
+constexpr int IN_ROWS = TILE_H + K3 - 1;
+constexpr int IN_W = TILE_W + K3 - 1;             // 130 input columns feed 128 output columns
+constexpr int IN_PITCH = TILE_W + 4;              // 132: keeps float2 reads 8-byte aligned
+constexpr int THREADS = 32 * WROWS * GROUPS;
+constexpr int IN_BUF = CI_CHUNK * IN_ROWS * IN_PITCH;     // floats per input buffer
+constexpr int W_FLOATS = CI_CHUNK * K3 * K3 * CO_B;
+constexpr int SMEM_BYTES = (2 * IN_BUF + W_FLOATS) * 4;   // two input buffers, then the weights
+constexpr int STATS_BYTES = THREADS * CO_T * 8;           // training mode: then (mean, M2) per thread and channel
+template <bool kStats>
+constexpr int smem_bytes() { return SMEM_BYTES + (kStats ? STATS_BYTES : 0); }
+static_assert(CO_T % 4 == 0, "weights are read as float4: CO_T must be a multiple of 4");
+static_assert(THREADS <= 1024, "at most 1024 threads per block");
+
+struct Shape {
+    int N, C_in, H, W, C_out, HO, WO;
+    int row_tiles, col_tiles, groups;
+    int n_tiles;
+    bool y_even;  // y's base address is 8-byte aligned: float2 stores are legal where the offset is even
+};
+
+// Training-mode extras: where the partial states go and what the last block does with them.
+struct Stats {
+    kb::Welford<float>* partial;   // [C_out][slots], slot = block·WROWS + warp row
+    unsigned* arrivals;            // one counter, zeroed by the caller
+    float* mab;                    // [3·C_out]: m, a, b of y ← (y − m)·a + b
+    const float* gamma;            // or null (γ = 1)
+    const float* beta;             // or null (β = 0)
+    float* running_mean;           // or null (no running statistics)
+    float* running_var;
+    const int64_t* num_batches_tracked;  // read for momentum None; bn_train's apply kernel increments it
+    float momentum;                // < 0: cumulative average (momentum None)
+    float eps, scale;
+};
+
+struct Tile {
+    int64_t n;
+    int cb, oh0, ow0;
+};
+
+__device__ __forceinline__ Tile tile_coords(int tile, const Shape& s) {
+    int t = tile;
+    Tile c;
+    const int ct = t % s.col_tiles;
+    t /= s.col_tiles;
+    const int rt = t % s.row_tiles;
+    t /= s.row_tiles;
+    c.n = t % s.N;
+    c.cb = t / s.N;
+    c.oh0 = rt * TILE_H;
+    c.ow0 = ct * TILE_W;
+    return c;
+}
+
+__device__ __forceinline__ void copy_f32(float* dst, const float* src, bool ok) {
+#if KB_CBS_ASYNC && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    // 4-byte asynchronous copy; src-size 0 writes a zero without reading (src must still be a valid address).
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
+#else
+    *dst = ok ? *src : 0.0f;
+#endif
+}
+
+__device__ __forceinline__ void async_commit() {
+#if KB_CBS_ASYNC && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Wait until at most `pending` of this thread's committed copy groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void async_wait() {
+#if KB_CBS_ASYNC && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+#endif
+}
+
+// Stage input rows oh0 … oh0+IN_ROWS−1, columns ow0 … ow0+IN_W−1 of channels ci0 … ci0+nci−1, one row per
+// warp at a time, lanes along the row (coalesced); zeros outside the image feed only outputs never stored.
+__device__ __forceinline__ void stage_input(float* in, const float* __restrict__ x, const Shape& s, const Tile& t,
+                                            int ci0, int nci, int warp, int lane, int n_warps) {
+    for (int cr = warp; cr < CI_CHUNK * IN_ROWS; cr += n_warps) {
+        const int c = cr / IN_ROWS, row = cr % IN_ROWS, ih = t.oh0 + row;
+        const bool row_ok = c < nci && ih < s.H;
+        const float* xrow =
+            row_ok ? x + ((t.n * s.C_in + ci0 + c) * s.H + ih) * static_cast<int64_t>(s.W) + t.ow0 : x;
+        float* dst = in + (c * IN_ROWS + row) * IN_PITCH;
+        for (int col = lane; col < IN_W; col += 32) {
+            const bool ok = row_ok && t.ow0 + col < s.W;
+            copy_f32(dst + col, ok ? xrow + col : x, ok);
+        }
+    }
+}
+
+// w_s[c][k][co] = W[co0+co][ci0+c][k]; zeros for missing channels (their outputs are never stored).
+__device__ __forceinline__ void stage_weights(float* w_s, const float* __restrict__ w, const Shape& s, int co0,
+                                              int ci0, int nci, int n_threads) {
+    const int co_b = CO_T * s.groups;
+    for (int i = threadIdx.x; i < CI_CHUNK * K3 * K3 * co_b; i += n_threads) {
+        const int co = i % co_b, k = (i / co_b) % (K3 * K3), c = i / (co_b * K3 * K3);
+        float v = 0.0f;
+        if (c < nci && co0 + co < s.C_out) v = w[((static_cast<int64_t>(co0 + co) * s.C_in + ci0 + c) * K3 * K3) + k];
+        w_s[(c * K3 * K3 + k) * CO_B + co] = v;
+    }
+}
+
+// acc[rr][c][j] += Σ over the staged channels of the 3×3 window (rows r0+rr …, columns 2·lane+64p …).
+__device__ __forceinline__ void compute(float (&acc)[RPT][CO_T][2 * PAIRS], const float* in, const float* w_s, int nci,
+                                        int r0, int g, int lane) {
+#pragma unroll 1
+    for (int c = 0; c < nci; ++c) {
+        const float* in_c = in + c * IN_ROWS * IN_PITCH;
+        const float* w_c = w_s + c * K3 * K3 * CO_B + CO_T * g;
+#pragma unroll
+        for (int kh = 0; kh < K3; ++kh) {
+            float v[RPT][PAIRS][4];
+#pragma unroll
+            for (int rr = 0; rr < RPT; ++rr)
+#pragma unroll
+                for (int p = 0; p < PAIRS; ++p) {
+                    const float* row = in_c + (r0 + rr + kh) * IN_PITCH + 2 * lane + 64 * p;
+                    const float2 a = *reinterpret_cast<const float2*>(row);
+                    const float2 d = *reinterpret_cast<const float2*>(row + 2);
+                    v[rr][p][0] = a.x; v[rr][p][1] = a.y; v[rr][p][2] = d.x; v[rr][p][3] = d.y;
+                }
+#pragma unroll
+            for (int kw = 0; kw < K3; ++kw) {
+                const float4* wp = reinterpret_cast<const float4*>(w_c + (kh * K3 + kw) * CO_B);
+#pragma unroll
+                for (int q = 0; q < CO_T / 4; ++q) {
+                    const float4 w4 = wp[q];
+                    const float wq[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+#pragma unroll
+                        for (int rr = 0; rr < RPT; ++rr)
+#pragma unroll
+                            for (int p = 0; p < PAIRS; ++p)
+#pragma unroll
+                                for (int j = 0; j < 2; ++j)
+                                    acc[rr][4 * q + e][2 * p + j] =
+                                        fmaf(v[rr][p][j + kw], wq[e], acc[rr][4 * q + e][2 * p + j]);
+                }
+            }
+        }
+    }
+}
+
+// One thread's running statistics: a Welford state per channel, all with the same count n (a register).
+// The (mean, M2) pairs live in shared memory, [channel][thread] as float2 (consecutive threads, consecutive
+// 8-byte words: no bank conflicts), because 2·CO_T more registers would make the kernel spill.
+struct ThreadStats {
+    float n;
+    float2* mm;  // &stat_s[0][threadIdx.x]; channel c at mm[c * blockDim.x]
+};
+
+// Merge this tile's valid outputs into the thread's states (Chan's formula; the count and the merge weights
+// are shared by all CO_T channels). Invalid positions (past the right or bottom edge) are masked out.
+__device__ __forceinline__ void accumulate_stats(ThreadStats& ts, const float (&acc)[RPT][CO_T][2 * PAIRS],
+                                                 const Shape& s, int oh_first, int col0) {
+    float mask[RPT][2 * PAIRS];
+    float k = 0.0f;
+#pragma unroll
+    for (int rr = 0; rr < RPT; ++rr)
+#pragma unroll
+        for (int p = 0; p < PAIRS; ++p)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const bool ok = oh_first + rr < s.HO && col0 + 64 * p + j < s.WO;
+                mask[rr][2 * p + j] = ok ? 1.0f : 0.0f;
+                k += mask[rr][2 * p + j];
+            }
+    if (k == 0.0f) return;
+    const float inv_k = 1.0f / k;
+    const float n = ts.n + k;
+    const float wb = k / n;          // weight of the new values in the merged mean
+    const float f = ts.n * wb;       // na·nb/n
+    ts.n = n;
+#pragma unroll
+    for (int c = 0; c < CO_T; ++c) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int rr = 0; rr < RPT; ++rr)
+#pragma unroll
+            for (int j = 0; j < 2 * PAIRS; ++j) sum = fmaf(acc[rr][c][j], mask[rr][j], sum);
+        const float mb = sum * inv_k;
+        float m2b = 0.0f;
+#pragma unroll
+        for (int rr = 0; rr < RPT; ++rr)
+#pragma unroll
+            for (int j = 0; j < 2 * PAIRS; ++j) {
+                const float d = acc[rr][c][j] - mb;
+                m2b = fmaf(d * mask[rr][j], d, m2b);
+            }
+        float2 a = ts.mm[c * blockDim.x];
+        const float delta = mb - a.x;
+        a.x = fmaf(delta, wb, a.x);
+        a.y += fmaf(delta * delta, f, m2b);
+        ts.mm[c * blockDim.x] = a;
+    }
+}
+
+// Warp-merge the threads' states and write one partial state per channel; reset the thread's states.
+// Every lane of the warp calls it (full-mask shuffles); the call is block-uniform.
+__device__ __forceinline__ void flush_stats(ThreadStats& ts, const Stats& st, const Shape& s, int co_first, int slot,
+                                            int slots, int lane) {
+#pragma unroll
+    for (int c = 0; c < CO_T; ++c) {
+        const float2 a = ts.mm[c * blockDim.x];
+        kb::Welford<float> w{ts.n, a.x, a.y};
+        w = kb::welford_warp_reduce(w);
+        if (lane == 0 && co_first + c < s.C_out) st.partial[static_cast<int64_t>(co_first + c) * slots + slot] = w;
+        ts.mm[c * blockDim.x] = make_float2(0.0f, 0.0f);
+    }
+    ts.n = 0.0f;
+}
+
+// The last block: merge each channel's partial states in double, write m, a, b and update the running stats.
+__device__ void finish_stats(const Stats& st, const Shape& s, int slots) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    for (int c = warp; c < s.C_out; c += n_warps) {
+        kb::Welford<double> tot{0.0, 0.0, 0.0};
+        for (int i = lane; i < slots; i += 32) {
+            const kb::Welford<float>* q = st.partial + static_cast<int64_t>(c) * slots + i;
+            const kb::Welford<double> b{__ldcg(&q->n), __ldcg(&q->mean), __ldcg(&q->m2)};
+            kb::welford_merge(tot, b);
+        }
+        tot = kb::welford_warp_reduce(tot);
+        if (lane != 0) continue;
+        const double mean = tot.mean;
+        const double var = tot.m2 / tot.n;                                   // biased: normalises this batch
+        const double invstd = 1.0 / sqrt(var + static_cast<double>(st.eps));
+        const double g = st.gamma ? static_cast<double>(st.gamma[c]) : 1.0;
+        const double be = st.beta ? static_cast<double>(st.beta[c]) : 0.0;
+        st.mab[c] = static_cast<float>(mean);
+        st.mab[s.C_out + c] = static_cast<float>(g * invstd * st.scale);
+        st.mab[2 * s.C_out + c] = static_cast<float>(be * st.scale);
+        if (st.running_mean) {
+            const double m = st.momentum >= 0.f ? static_cast<double>(st.momentum)
+                                                : 1.0 / static_cast<double>(*st.num_batches_tracked + 1);
+            const double var_unbiased = tot.m2 / (tot.n - 1.0);              // updates the running estimate
+            st.running_mean[c] = static_cast<float>((1.0 - m) * st.running_mean[c] + m * mean);
+            st.running_var[c] = static_cast<float>((1.0 - m) * st.running_var[c] + m * var_unbiased);
+        }
+    }
+}
+
+template <bool kStats, bool kPipe>
+__global__ void __launch_bounds__(THREADS, KB_CBS_MIN_BLOCKS)
+conv3x3_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+               float* __restrict__ y, Shape s, Stats st) {
+    extern __shared__ __align__(16) float smem[];
+    float* w_s = smem + 2 * IN_BUF;
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int r = warp % WROWS;
+    const int g = warp / WROWS;
+    const int n_warps = WROWS * s.groups;
+    const int n_threads = 32 * n_warps;
+    const int co_b = CO_T * s.groups;
+    const int slots = gridDim.x * WROWS;
+    const int slot = blockIdx.x * WROWS + r;
+    int resident_cb = -1;
+
+    ThreadStats ts{0.0f, reinterpret_cast<float2*>(w_s + W_FLOATS) + threadIdx.x};
+    if (kStats) {
+#pragma unroll
+        for (int c = 0; c < CO_T; ++c) ts.mm[c * blockDim.x] = make_float2(0.0f, 0.0f);
+        // Empty states in this block's slots for every channel: a channel block this block never visits
+        // leaves them empty. Ordered before the flushes by the __syncthreads of the tile loop.
+        for (int i = threadIdx.x; i < s.C_out * WROWS; i += n_threads)
+            st.partial[static_cast<int64_t>(i / WROWS) * slots + blockIdx.x * WROWS + i % WROWS] =
+                kb::Welford<float>{0.f, 0.f, 0.f};
+    }
+
+    // kPipe (all input channels in one chunk): tile t+1's rows are staged into the other buffer while t is
+    // computed. Tile order: channel block slowest, so consecutive tiles of a block share their weights.
+    int buf = 0;
+    if (kPipe && blockIdx.x < s.n_tiles) {
+        stage_input(smem, x, s, tile_coords(blockIdx.x, s), 0, s.C_in, warp, lane, n_warps);
+        async_commit();
+    }
+    for (int tile = blockIdx.x; tile < s.n_tiles; tile += gridDim.x) {
+        const Tile t = tile_coords(tile, s);
+        const int co0 = t.cb * co_b;
+        if (kStats && resident_cb >= 0 && resident_cb != t.cb)
+            flush_stats(ts, st, s, resident_cb * co_b + CO_T * g, slot, slots, lane);
+
+        float acc[RPT][CO_T][2 * PAIRS];
+#pragma unroll
+        for (int c = 0; c < CO_T; ++c) {
+            const int co = co0 + CO_T * g + c;
+            const float bias = b != nullptr && co < s.C_out ? b[co] : 0.0f;
+#pragma unroll
+            for (int rr = 0; rr < RPT; ++rr)
+#pragma unroll
+                for (int j = 0; j < 2 * PAIRS; ++j) acc[rr][c][j] = bias;
+        }
+
+        if (kPipe) {
+            const int next = tile + gridDim.x;
+            if (next < s.n_tiles)
+                stage_input(smem + (buf ^ 1) * IN_BUF, x, s, tile_coords(next, s), 0, s.C_in, warp, lane, n_warps);
+            async_commit();
+            if (resident_cb != t.cb) {
+                stage_weights(w_s, w, s, co0, 0, s.C_in, n_threads);
+                resident_cb = t.cb;
+            }
+            async_wait<1>();  // this tile's copies (all but the group just committed) have landed
+            __syncthreads();
+            compute(acc, smem + buf * IN_BUF, w_s, s.C_in, r * RPT, g, lane);
+            __syncthreads();  // before the next iteration stages into this buffer
+            buf ^= 1;
+        } else {
+            for (int ci0 = 0; ci0 < s.C_in; ci0 += CI_CHUNK) {
+                const int nci = min(CI_CHUNK, s.C_in - ci0);
+                stage_input(smem, x, s, t, ci0, nci, warp, lane, n_warps);
+                async_commit();
+                if (s.C_in > CI_CHUNK || resident_cb != t.cb) {
+                    stage_weights(w_s, w, s, co0, ci0, nci, n_threads);
+                    resident_cb = t.cb;
+                }
+                async_wait<0>();
+                __syncthreads();
+                compute(acc, smem, w_s, nci, r * RPT, g, lane);
+                __syncthreads();  // before the next chunk or tile overwrites the staged input
+            }
+        }
+
+        // Epilogue: float2 stores where every row starts 8-byte aligned (y aligned and WO even: P73),
+        // single floats otherwise and at the edges. A warp's float2 stores cover 256 contiguous bytes.
+        const int oh_first = t.oh0 + r * RPT;
+        const int col0 = t.ow0 + 2 * lane;
+        const int64_t plane = static_cast<int64_t>(s.HO) * s.WO;
+        const bool pairs_ok = s.y_even && (s.WO & 1) == 0;
+#pragma unroll
+        for (int rr = 0; rr < RPT; ++rr) {
+            const int oh = oh_first + rr;
+            if (oh >= s.HO) break;
+            float* yrow = y + ((t.n * s.C_out + co0 + CO_T * g) * s.HO + oh) * static_cast<int64_t>(s.WO);
+#pragma unroll
+            for (int c = 0; c < CO_T; ++c, yrow += plane) {
+                if (co0 + CO_T * g + c >= s.C_out) break;
+#pragma unroll
+                for (int p = 0; p < PAIRS; ++p) {
+                    const int col = col0 + 64 * p;
+                    if (pairs_ok && col + 1 < s.WO) {
+                        *reinterpret_cast<float2*>(yrow + col) = make_float2(acc[rr][c][2 * p], acc[rr][c][2 * p + 1]);
+                    } else {
+                        if (col < s.WO) yrow[col] = acc[rr][c][2 * p];
+                        if (col + 1 < s.WO) yrow[col + 1] = acc[rr][c][2 * p + 1];
+                    }
+                }
+            }
+        }
+        if (kStats) accumulate_stats(ts, acc, s, oh_first, col0);
+    }
+
+    if (!kStats) return;
+    if (resident_cb >= 0) flush_stats(ts, st, s, resident_cb * co_b + CO_T * g, slot, slots, lane);
+    __shared__ bool last;
+    __threadfence();  // publish this block's partial states before announcing them
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(st.arrivals, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    finish_stats(st, s, slots);
+}
+
+// Persistent grid: as many blocks as fit on the GPU at once (asked once per device and kernel), after opting
+// the kernel in to its dynamic shared memory. `static` matters: a static local of a function template with
+// external linkage is an STB_GNU_UNIQUE symbol, which the dynamic linker shares between every loaded module
+// (even RTLD_LOCAL ones): a second build variant (or the generated solution) in the same process would find
+// the cache filled by the first and launch its own kernel without the shared-memory opt-in.
+template <bool kStats, bool kPipe>
+static cudaError_t resident_blocks(int groups, int* out) {
+    static int cache[64][GROUPS + 1] = {};
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    int& blocks = cache[device % 64][groups];
+    if (blocks == 0) {
+        err = cudaFuncSetAttribute(conv3x3_kernel<kStats, kPipe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   smem_bytes<kStats>());
+        int sms = 0, per_sm = 0;
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (err == cudaSuccess)
+            err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, conv3x3_kernel<kStats, kPipe>,
+                                                                32 * WROWS * groups, smem_bytes<kStats>());
+        if (err != cudaSuccess) return err;
+        blocks = sms * (per_sm > 0 ? per_sm : 1);
+    }
+    *out = blocks;
+    return cudaSuccess;
+}
+
+Shape make_shape(int64_t N, int C_in, int H, int W, int C_out, const float* y) {
+    Shape s;
+    s.N = static_cast<int>(N); s.C_in = C_in; s.H = H; s.W = W; s.C_out = C_out;
+    s.HO = H - K3 + 1; s.WO = W - K3 + 1;
+    s.groups = (C_out + CO_T - 1) / CO_T < GROUPS ? (C_out + CO_T - 1) / CO_T : GROUPS;
+    s.row_tiles = (s.HO + TILE_H - 1) / TILE_H;
+    s.col_tiles = (s.WO + TILE_W - 1) / TILE_W;
+    s.n_tiles = 0;
+    s.y_even = (reinterpret_cast<uintptr_t>(y) & 7) == 0;
+    return s;
+}
+
+template <bool kStats>
+cudaError_t launch(const float* x, const float* w, const float* b, float* y, Shape s, const Stats& st, int grid,
+                   cudaStream_t stream) {
+    const dim3 block(32 * WROWS * s.groups);
+    if (s.C_in <= CI_CHUNK)
+        conv3x3_kernel<kStats, true><<<grid, block, smem_bytes<kStats>(), stream>>>(x, w, b, y, s, st);
+    else
+        conv3x3_kernel<kStats, false><<<grid, block, smem_bytes<kStats>(), stream>>>(x, w, b, y, s, st);
+    return cudaGetLastError();
+}
+
+// y ← (y − m[c])·a[c] + b[c] in place, over plane (n, c) = blockIdx.x, tile blockIdx.y of bn_train's apply grid,
+// and the batch counted (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
+// bn_train's bn_apply_kernel with x == y would be undefined behaviour: it reads through a const __restrict__
+// pointer, which nvcc compiles to ld.global.nc (the data must be read-only for the kernel's whole lifetime)
+// while the same kernel writes it. Here one pointer, not __restrict__, is read and then written.
+template <int V>
+__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p) {
+    using VT = typename Vec<V>::T;
+    const int64_t plane = blockIdx.x;
+    const int c = static_cast<int>(plane % p.C);
+    const float m = p.mab[c], a = p.mab[p.C + c], b = p.mab[2 * p.C + c];
+    if (plane == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
+    const int64_t items_per_plane = p.HW / V;
+    VT* y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
+    const int64_t base = static_cast<int64_t>(blockIdx.y) * kThreads * kUnroll + threadIdx.x;
+    VT v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {  // all loads first (kUnroll in flight), then the stores
+        const int64_t i = base + u * kThreads;
+        if (i < items_per_plane) v[u] = y[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * kThreads;
+        if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+    }
+}
+
+cudaError_t launch_apply_inplace(const Params& p, cudaStream_t stream) {
+    dim3 grid;
+    if (!apply_grid(p, &grid)) return cudaErrorInvalidValue;
+    if (use_vec4(p))
+        apply_inplace_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+    else
+        apply_inplace_kernel<1><<<grid, kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+}  // namespace cbs
+
+// The kernels' filter size (the binding names it when given another).
+int cbs_kernel_size() { return cbs::K3; }
+
+// Tiles of the output; the binding checks the count fits 31 bits.
+int64_t cbs_tiles(int64_t N, int H, int W, int C_out) {
+    using namespace cbs;
+    const int64_t ho = H - K3 + 1, wo = W - K3 + 1;
+    if (N <= 0 || C_out <= 0 || ho <= 0 || wo <= 0) return 0;
+    const int64_t groups = (C_out + CO_T - 1) / CO_T < GROUPS ? (C_out + CO_T - 1) / CO_T : GROUPS;
+    return N * ((ho + TILE_H - 1) / TILE_H) * ((wo + TILE_W - 1) / TILE_W) *
+           ((C_out + CO_T * groups - 1) / (CO_T * groups));
+}
+
+// The grid the training launch will use, and so the number of partial-state slots per channel
+// (grid · WROWS): the binding allocates C_out · slots states. Returns 0 for an empty output.
+cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots) {
+    *slots = 0;
+    const int64_t tiles = cbs_tiles(N, H, W, C_out);
+    if (tiles == 0) return cudaSuccess;
+    const int groups = (C_out + cbs::CO_T - 1) / cbs::CO_T < cbs::GROUPS ? (C_out + cbs::CO_T - 1) / cbs::CO_T
+                                                                         : cbs::GROUPS;
+    int blocks = 0;
+    const cudaError_t err = C_in <= cbs::CI_CHUNK ? cbs::resident_blocks<true, true>(groups, &blocks)
+                                                  : cbs::resident_blocks<true, false>(groups, &blocks);
+    if (err != cudaSuccess) return err;
+    *slots = (tiles < blocks ? tiles : blocks) * static_cast<int64_t>(cbs::WROWS);
+    return cudaSuccess;
+}
+
+// The compile-time configuration, for records and for the binding's `config()`.
+void cbs_config(int* out) {
+    out[0] = cbs::RPT; out[1] = cbs::CO_T; out[2] = cbs::GROUPS; out[3] = cbs::WROWS; out[4] = KB_CBS_MIN_BLOCKS;
+    out[5] = KB_CBS_ASYNC; out[6] = cbs::smem_bytes<false>(); out[7] = cbs::smem_bytes<true>();
+}
+
+// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
+cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
+                            int W, int C_out, cudaStream_t stream) {
+    const int64_t tiles = cbs_tiles(N, H, W, C_out);
+    if (tiles == 0) return cudaSuccess;
+    if (tiles > INT_MAX) return cudaErrorInvalidValue;
+    cbs::Shape s = cbs::make_shape(N, C_in, H, W, C_out, y);
+    s.n_tiles = static_cast<int>(tiles);
+    int blocks = 0;
+    const cudaError_t err = C_in <= cbs::CI_CHUNK ? cbs::resident_blocks<false, true>(s.groups, &blocks)
+                                                  : cbs::resident_blocks<false, false>(s.groups, &blocks);
+    if (err != cudaSuccess) return err;
+    const cbs::Stats none{};
+    return cbs::launch<false>(x, w, b, y, s, none, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
+}
+
+// Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
+// kernel, which also counts the batch). Workspaces: partial [C_out · slots] Welford states (slots from
+// cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
+cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                             const float* beta, float* running_mean, float* running_var,
+                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
+                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
+                             float eps, float scale, cudaStream_t stream) {
+    const int64_t tiles = cbs_tiles(N, H, W, C_out);
+    if (tiles == 0) return cudaSuccess;
+    if (tiles > INT_MAX || slots <= 0 || slots % cbs::WROWS != 0 || slots / cbs::WROWS > tiles)
+        return cudaErrorInvalidValue;
+    cbs::Shape s = cbs::make_shape(N, C_in, H, W, C_out, y);
+    s.n_tiles = static_cast<int>(tiles);
+    const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
+    // The in-place apply's parameters (bn_train's Params and grid, x == y).
+    Params p{y, y, gamma, beta, running_mean, running_var, num_batches_tracked, nullptr, nullptr, mab,
+             nullptr, nullptr, N, C_out, HW, 0, momentum, eps, scale};
+    dim3 apply;  // validate the apply grid before the first launch: never update the stats and then fail
+    if (!apply_grid(p, &apply)) return cudaErrorInvalidValue;
+    const cbs::Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
+                        running_var, num_batches_tracked, momentum, eps, scale};
+    cudaError_t err = cbs::launch<true>(x, w, b, y, s, st, static_cast<int>(slots / cbs::WROWS), stream);
+    if (err != cudaSuccess) return err;
+    return cbs::launch_apply_inplace(p, stream);
+}

@@ -1,0 +1,273 @@
+"""The P73 capstone's fused kernels (kernels/conv_bn_scale.*) against float64, in training and eval mode.
+
+GPU tests are marked ``gpu``; argument checks and compilation of the swept variants run wherever the CUDA
+toolkit is (marked ``compile``).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import shutil
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernelbook as kb
+from kernelbook import check
+from kernelbook.paths import ROOT
+
+SCALE = 2.0
+
+
+@pytest.fixture(scope="module")
+def cbs():
+    return kb.build.load("conv_bn_scale", arch=None if kb.gpu() else "90")
+
+
+def _modules(c_in, c_out, momentum, seed):
+    """A float64 reference (conv, bn) with non-trivial γ, β and running statistics, and a float32 copy."""
+    torch.manual_seed(seed)
+    conv, bn = nn.Conv2d(c_in, c_out, 3).double(), nn.BatchNorm2d(c_out, momentum=momentum).double()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        bn.weight.copy_(torch.rand(c_out, generator=g, dtype=torch.float64) * 3 - 1)  # includes negative γ
+        bn.bias.copy_(torch.randn(c_out, generator=g, dtype=torch.float64))
+        bn.running_mean.copy_(torch.randn(c_out, generator=g, dtype=torch.float64))
+        bn.running_var.copy_(torch.rand(c_out, generator=g, dtype=torch.float64) + 0.5)
+    ref = nn.ModuleDict({"conv": conv, "bn": bn}).cuda()
+    return ref, copy.deepcopy(ref).float()
+
+
+def train_tol(x: torch.Tensor, conv: nn.Conv2d) -> float:
+    """Norm-wise tolerance of a training-mode conv → BN: the conv's rounding (Higham's bound for its
+    C_in·9 + 1 terms) divided by σ, so amplified by 1 + |μ|/σ per channel, plus the normalisation's own."""
+    with torch.no_grad():
+        x64 = x.double()
+        ref = conv(x64)
+        abs_ref = F.conv2d(x64.abs(), conv.weight.abs(), conv.bias.abs())
+    t_conv = check.dot_tol(conv.in_channels * 9 + 1, abs_ref, ref)
+    mu, sd = ref.mean(dim=(0, 2, 3)), ref.std(dim=(0, 2, 3), unbiased=False)
+    return check.normalisation_tol(ref, (0, 2, 3)) + t_conv * (1.0 + float((mu.abs() / sd).max()))
+
+
+def run_train(cbs, ours, x, momentum, out=None):
+    c, b = ours["conv"], ours["bn"]
+    return cbs.conv_bn_scale_train(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
+                                   b.num_batches_tracked, momentum, b.eps, SCALE, out)
+
+
+SHAPES = [  # (N, C_in, H, W, C_out)
+    (1, 8, 33, 97, 64),      # N = 1, W = 97, odd H
+    (4, 3, 32, 32, 16),      # C_in = 3, C_out = 16, 32×32
+    (2, 19, 9, 130, 5),      # C_in over one staged chunk (the unpipelined path), C_out not a multiple of 8
+    (2, 8, 17, 300, 100),    # several column tiles and two channel blocks (per-block stats flushed twice)
+    (3, 1, 5, 3, 1),         # one output column
+    (1, 2, 3, 4, 70),        # one output row: 2 values per channel
+    (5, 8, 7, 131, 64),      # odd HO with 2 rows per thread: the last tile's second row is masked
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_train_matches_float64_over_three_steps(cbs, shape, momentum):
+    n, c_in, h, w, c_out = shape
+    ref, ours = _modules(c_in, c_out, momentum, seed=sum(shape))
+    for step in range(3):
+        x = check.rand((n, c_in, h, w), seed=step + 7 * sum(shape), device="cuda", low=-0.5, high=1.5)
+        tol = train_tol(x, ref["conv"])
+        out = check.poisoned((n, c_out, h - 2, w - 2), device="cuda")
+        y = run_train(cbs, ours, x, momentum, out)
+        assert y.data_ptr() == out.data_ptr()
+        with torch.no_grad():
+            y_ref = ref["bn"](ref["conv"](x.double())) * SCALE
+        check.assert_close(out, y_ref, tol, what=f"step {step} output {shape}")
+        check.assert_close(ours["bn"].running_mean, ref["bn"].running_mean, tol, what="running_mean")
+        check.assert_close(ours["bn"].running_var, ref["bn"].running_var, 2 * tol, what="running_var")
+        assert int(ours["bn"].num_batches_tracked) == int(ref["bn"].num_batches_tracked) == step + 1
+
+
+@pytest.mark.gpu
+def test_p73_train_and_eval_within_1e_5(cbs):
+    """The benchmark's shapes and initialisation: relative error ≤ 1e-5 (the capstone's target)."""
+    prob = kb.problems.P73_CONV_BN_SCALE
+    model = prob.model(seed=0).cuda()
+    ref = copy.deepcopy(model).double()
+    x = prob.inputs(seed=1, device="cuda")
+    y = cbs.conv_bn_scale_train(x, model.conv.weight, model.conv.bias, model.bn.weight, model.bn.bias,
+                                model.bn.running_mean, model.bn.running_var, model.bn.num_batches_tracked, 0.1,
+                                model.bn.eps, SCALE)
+    with torch.no_grad():
+        y_ref = ref(x.double())
+    check.assert_close(y, y_ref, 1e-5, what="P73 train output")
+    check.assert_close(model.bn.running_mean, ref.bn.running_mean, 1e-5, what="P73 running_mean")
+    check.assert_close(model.bn.running_var, ref.bn.running_var, 1e-5, what="P73 running_var")
+    del y, y_ref
+    model.eval()
+    ref.eval()
+    w, b = kb.folding.fold(model.conv, model.bn, SCALE, dtype=torch.float64)
+    with torch.no_grad():
+        check.assert_close(cbs.conv_bn_scale_eval(x, w, b), ref(x.double()), 1e-5, what="P73 eval output")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(128, 8, 128, 128, 64), *SHAPES])
+def test_eval_conv_matches_float64(cbs, shape):
+    n, c_in, h, w, c_out = shape
+    x = check.rand((n, c_in, h, w), seed=sum(shape), device="cuda")
+    wt = check.rand((c_out, c_in, 3, 3), seed=sum(shape) + 1, device="cuda", low=-0.3, high=0.3)
+    b = check.rand((c_out,), seed=sum(shape) + 2, device="cuda", low=-1, high=1)
+    ref = F.conv2d(x.double(), wt.double(), b.double())
+    tol = check.dot_tol(c_in * 9 + 1, F.conv2d(x.double().abs(), wt.double().abs(), b.double().abs()), ref)
+    out = check.poisoned(ref.shape, device="cuda")
+    assert cbs.conv_bn_scale_eval(x, wt, b, out).data_ptr() == out.data_ptr()
+    check.assert_close(out, ref, tol, what=f"eval conv {shape}")
+    check.assert_close(cbs.conv_bn_scale_eval(x, wt, None), F.conv2d(x.double(), wt.double()), tol,
+                       what=f"eval conv without bias {shape}")
+
+
+@pytest.mark.gpu
+def test_misaligned_output_and_side_stream(cbs):
+    ref, ours = _modules(3, 20, 0.1, seed=5)
+    x = check.rand((2, 3, 10, 36), seed=9, device="cuda")
+    buf = check.poisoned((2 * 20 * 8 * 34 + 1,), device="cuda")
+    out = buf[1:].view(2, 20, 8, 34)  # 4-byte aligned only: scalar stores, scalar apply path
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run_train(cbs, ours, x, 0.1, out)
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        y_ref = ref["bn"](ref["conv"](x.double())) * SCALE
+    check.assert_close(out, y_ref, train_tol(x, ref["conv"]), what="misaligned view on a side stream")
+    assert torch.isnan(buf[0])
+
+
+@pytest.mark.gpu
+def test_empty_batch_counts_and_single_value_is_refused(cbs):
+    _, ours = _modules(3, 4, 0.1, seed=1)
+    y = run_train(cbs, ours, torch.rand(0, 3, 6, 6, device="cuda"), 0.1)
+    assert y.shape == (0, 4, 4, 4) and int(ours["bn"].num_batches_tracked) == 1
+    with pytest.raises(RuntimeError, match="more than 1 value per channel"):
+        run_train(cbs, ours, torch.rand(1, 3, 3, 3, device="cuda"), 0.1)
+    assert cbs.conv_bn_scale_eval(torch.rand(0, 3, 6, 6, device="cuda"), ours["conv"].weight, None).shape == (
+        0, 4, 4, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call, message", [
+    (lambda f, x, m: f(x.cpu(), m, None), "x must be a CUDA tensor"),
+    (lambda f, x, m: f(x.double(), m, None), "x must be float32, got float64"),
+    (lambda f, x, m: f(x.transpose(2, 3), m, None), "x must be contiguous"),
+    (lambda f, x, m: f(x[0], m, None), "x must be 4-D"),
+    (lambda f, x, m: f(x[:, :2].contiguous(), m, None), "weight has 3 input channels but x has 2"),
+    (lambda f, x, m: f(x[..., :2].contiguous(), m, None), "smaller than the 3x3 kernel"),
+    (lambda f, x, m: f(x, m, torch.empty(2, 5, 4, 4, device="cuda")), r"out must have shape \[2, 5, 4, 5\]"),
+    (lambda f, x, m: f(x, m, m["bn"].running_mean), "out must have shape"),
+])
+def test_train_rejects_bad_input(cbs, call, message):
+    _, ours = _modules(3, 5, 0.1, seed=2)
+    x = torch.rand(2, 3, 6, 7, device="cuda")
+    with pytest.raises(RuntimeError, match=message):
+        call(lambda x_, m, out: run_train(cbs, m, x_, 0.1, out), x, ours)
+
+
+@pytest.mark.gpu
+def test_train_rejects_bad_parameters(cbs):
+    _, m = _modules(3, 5, 0.1, seed=3)
+    c, b = m["conv"], m["bn"]
+    x = torch.rand(2, 3, 6, 7, device="cuda")
+    f = cbs.conv_bn_scale_train
+    cases = [
+        (lambda: f(x, c.weight[..., :2].contiguous(), c.bias, b.weight, b.bias, b.running_mean, b.running_var,
+                   b.num_batches_tracked, 0.1, 1e-5, 2.0), "specialised for 3x3 filters"),
+        (lambda: f(x, c.weight, c.bias[:3], b.weight, b.bias, b.running_mean, b.running_var,
+                   b.num_batches_tracked, 0.1, 1e-5, 2.0), r"bias must have shape \[5\]"),
+        (lambda: f(x, c.weight, c.bias, b.weight[:4], b.bias, b.running_mean, b.running_var,
+                   b.num_batches_tracked, 0.1, 1e-5, 2.0), r"bn_w must have shape \[5\]"),
+        (lambda: f(x, c.weight, c.bias, b.weight, b.bias, b.running_mean.double(), b.running_var,
+                   b.num_batches_tracked, 0.1, 1e-5, 2.0), "running_mean must be float32"),
+        (lambda: f(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, None, b.num_batches_tracked, 0.1, 1e-5,
+                   2.0), "must be given together"),
+        (lambda: f(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
+                   b.num_batches_tracked.float(), 0.1, 1e-5, 2.0), "num_batches_tracked must be int64"),
+        (lambda: f(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
+                   b.num_batches_tracked, 1.5, 1e-5, 2.0), "momentum must be in"),
+        (lambda: f(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
+                   b.num_batches_tracked, 0.1, -1.0, 2.0), "eps must be non-negative"),
+    ]
+    before = (b.running_mean.clone(), b.running_var.clone(), int(b.num_batches_tracked))
+    for call, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    assert torch.equal(before[0], b.running_mean) and torch.equal(before[1], b.running_var)
+    assert before[2] == int(b.num_batches_tracked)  # a refused call changes nothing
+
+
+@pytest.mark.gpu
+def test_affine_false_and_untracked(cbs):
+    torch.manual_seed(4)
+    conv, bn = nn.Conv2d(4, 12, 3).cuda(), nn.BatchNorm2d(12, affine=False, track_running_stats=False).cuda()
+    x = check.rand((3, 4, 11, 13), seed=4, device="cuda")
+    y = cbs.conv_bn_scale_train(x, conv.weight, conv.bias, None, None, None, None, None, 0.1, bn.eps, SCALE)
+    with torch.no_grad():
+        y_ref = copy.deepcopy(bn).double()(copy.deepcopy(conv).double()(x.double())) * SCALE
+    check.assert_close(y, y_ref, train_tol(x, copy.deepcopy(conv).double()), what="affine=False, untracked")
+
+
+@pytest.mark.compile
+def test_bad_input_without_a_gpu(cbs):
+    w = torch.ones(5, 3, 3, 3)
+    for fn in (lambda x: cbs.conv_bn_scale_eval(x, w, None),
+               lambda x: cbs.conv_bn_scale_train(x, w, None, None, None, None, None, None, 0.1, 1e-5, 2.0)):
+        with pytest.raises(RuntimeError, match="x must be 4-D"):
+            fn(torch.ones(3, 6, 6))
+        with pytest.raises(RuntimeError, match="x must be float32, got float64"):
+            fn(torch.ones(1, 3, 6, 6, dtype=torch.float64))
+        with pytest.raises(RuntimeError, match="x must be contiguous"):
+            fn(torch.ones(1, 3, 6, 6).transpose(2, 3))
+        with pytest.raises(RuntimeError, match="x must be a CUDA tensor"):
+            fn(torch.ones(1, 3, 6, 6))
+    with pytest.raises(RuntimeError, match="weight must be 4-D"):
+        cbs.conv_bn_scale_eval(torch.ones(1, 3, 6, 6), torch.ones(5, 27), None)
+
+
+@pytest.mark.compile
+def test_default_configuration(cbs):
+    rpt, co_t, groups, wrows, min_blocks, use_async, smem_eval, smem_train = cbs.config()
+    assert (rpt, co_t, groups, wrows) == (2, 8, 8, 1)
+    assert smem_eval == 4 * (2 * 8 * (rpt * wrows + 2) * 132 + 8 * 9 * co_t * groups)
+    assert smem_train == smem_eval + 32 * wrows * groups * co_t * 8
+    # two resident blocks of the training kernel per SM on an H200 (228 KB of shared memory per SM)
+    assert 2 * (smem_train + 1024) <= 228 * 1024
+
+
+@pytest.mark.compile
+def test_no_host_state_shared_between_loaded_modules(cbs):
+    """A static local of a function template with external linkage is an STB_GNU_UNIQUE symbol ('u' in nm), which
+    the dynamic linker shares between every loaded module, RTLD_LOCAL or not: with the launcher's cache of resident
+    blocks shared, a second variant (or the generated solution) in one process skipped its shared-memory opt-in."""
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    syms = subprocess.run(["nm", "-D", "-C", "--defined-only", cbs.__file__], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+    unique = [s for s in syms if " u " in s and not s.split(" u ", 1)[1].startswith("std::")]
+    assert not unique, f"process-wide (STB_GNU_UNIQUE) symbols in the extension: {unique}"
+
+
+def _sweep():
+    spec = importlib.util.spec_from_file_location("dev_p73", ROOT / "scripts" / "dev_p73.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.SWEEP
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name, defines", list(_sweep().items()))
+def test_swept_variants_compile_without_spills_on_sm90(name, defines):
+    for r in kb.build.resources("conv_bn_scale", "90", defines):
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, f"{name}: {r['kernel']} spills on sm_90"
