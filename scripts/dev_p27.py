@@ -4,6 +4,7 @@
     python scripts/dev_p27.py               # checks + timings (+ Nsight Compute when ncu is on PATH)
     python scripts/dev_p27.py --no-ncu      # without the profiler section
     python scripts/dev_p27.py --ncu-target  # only run the fused kernel (what the profiler section profiles)
+    python scripts/dev_p27.py --sweep       # also time -DKB_P27_KD_UNROLL=2 and 4 (two more builds, ~1 min)
 
 Variants, all fp32 (TF32 disabled for cuDNN and matmuls): ``eager`` (the reference module),
 ``compile`` (torch.compile of it), ``conv_only`` (cuDNN's conv3d alone: the Amdahl cap of fusing the tail),
@@ -114,8 +115,6 @@ def checks(ext) -> list[dict]:
 
 
 def timings(ext) -> dict:
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
     m = model(seed=0)
     x = P27.inputs(seed=0, device="cuda")
     res = {}
@@ -216,11 +215,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-ncu", action="store_true")
     ap.add_argument("--ncu-target", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time the kd-loop unroll variants")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.ncu_target:
         ncu_target()
         return 0
+    torch.backends.cudnn.allow_tf32 = False  # every variant and reference conv in fp32 (tail_fused included)
+    torch.backends.cuda.matmul.allow_tf32 = False
     print(kb.device.describe(), flush=True)
     t0 = time.time()
     ext = kb.build.load("conv3d_gn_mean")
@@ -232,6 +234,19 @@ def main() -> int:
     summary["checks"] = checks(ext)
     print("\n== timings (fp32, TF32 off, L2 flushed; median of CUDA events)", flush=True)
     summary["timings"] = timings(ext)
+    if args.sweep:
+        print("\n== kd-loop unroll sweep (ours, P27)", flush=True)
+        m, x = model(seed=0), P27.inputs(seed=0, device="cuda")
+        ref, _ = reference64(m, x[:32])
+        summary["sweep"] = {}
+        for u in (1, 2, 4):
+            e = kb.build.load("conv3d_gn_mean", defines={"KB_P27_KD_UNROLL": u})
+            with torch.no_grad():
+                t = bench(lambda e=e: fused(e, m, x), f"ours_kd{u}")
+                err = check.report(fused(e, m, x)[:32], ref, TOL)["rel_err"]
+            summary["sweep"][u] = {**t, "rel_err_vs_fp64": err}
+            print(f"  KB_P27_KD_UNROLL={u}: {t['median']:.3f} ms ({kb.timing.tflops(FLOP, t['median']):.1f} TFLOP/s), "
+                  f"rel err {err:.1e}", flush=True)
     if not args.no_ncu:
         print("\n== Nsight Compute (fused kernel, then the tail kernel)", flush=True)
         summary["ncu"] = ncu_section()

@@ -51,6 +51,13 @@ constexpr int WIN = 12;               // input columns a thread reads per filter
 constexpr int THREADS = 512;          // 16 warps: 4 per scheduler on sm_80/sm_90, at most 128 registers each
 constexpr int WARPS = THREADS / 32;
 constexpr int SLACK = 16;             // zeroed floats after the staged input: reads of masked columns past the end
+// Filter depths unrolled in the inner loop (1, 2 or 4). Unrolled, the kd loop saves its ~45 address and loop
+// instructions per 1024 FFMAs (4 %) but multiplies the code (1024 FFMAs = 16 KB per kd); a compile-time knob
+// (-DKB_P27_KD_UNROLL=4) for the GPU to decide.
+#ifndef KB_P27_KD_UNROLL
+#define KB_P27_KD_UNROLL 1
+#endif
+constexpr int KD_UNROLL = KB_P27_KD_UNROLL;  // #pragma unroll takes a constant expression, not a macro
 constexpr int TAIL_THREADS = 512;
 constexpr int TAIL_WARPS = TAIL_THREADS / 32;
 
@@ -214,7 +221,7 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
 
 #pragma unroll 1
             for (int ci = 0; ci < s.C_in; ++ci) {
-#pragma unroll 1
+#pragma unroll KD_UNROLL
                 for (int kd = 0; kd < KS; ++kd) {
                     const float* rp = ip + ci * ci_stride + kd * s.H * s.Wp;
                     const float* wr = w_s + (ci * TAPS + kd * KS * KS) * s.C_pad + co0;
