@@ -124,8 +124,16 @@ def timings(ext) -> dict:
         compiled(x)
         torch.cuda.synchronize()
         print(f"  torch.compile warm-up {time.time() - t0:.0f} s", flush=True)
+        def eager_tf32():  # PyTorch's default (cuDNN may pick TF32 convolutions): the 11.78 ms anchor
+            torch.backends.cudnn.allow_tf32 = True
+            try:
+                return m(x)
+            finally:
+                torch.backends.cudnn.allow_tf32 = False
+
         variants = {
             "eager": lambda: m(x),
+            "eager_tf32": eager_tf32,
             "compile": lambda: compiled(x),
             "conv_only": lambda: F.conv3d(x, m.conv.weight, m.conv.bias),
             "tail_fused": lambda: tail(ext, m, x),
