@@ -83,6 +83,32 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Copies rows_in rows of `w` elements (row r of input channel ci at src[ci·src_ci + src_off + r·w]) into
+// rows of `pitch` elements (dst[ci·dst_ci + r·pitch]), zero-filling columns w … pitch−1; rows_per_ci rows per
+// channel. STAGE loads are issued before their stores, so each thread has STAGE loads in flight.
+constexpr int STAGE = 8;
+template <typename V>
+__device__ __forceinline__ void stage_rows(const V* __restrict__ src, V* dst, int rows_in, int pitch, int w,
+                                           int rows_per_ci, int dst_ci, int64_t src_ci, int64_t src_off) {
+    const int items = rows_in * pitch;
+    for (int i0 = threadIdx.x; i0 < items; i0 += THREADS * STAGE) {
+        V v[STAGE];
+        int d[STAGE];
+#pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * THREADS;
+            const int row = i / pitch, col = i - row * pitch;
+            const int ci = row / rows_per_ci, r = row - ci * rows_per_ci;
+            d[u] = i < items ? ci * dst_ci + r * pitch + col : -1;
+            v[u] = V{};
+            if (i < items && col < w) v[u] = src[ci * src_ci + src_off + static_cast<int64_t>(r) * w + col];
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE; ++u)
+            if (d[u] >= 0) dst[d[u]] = v[u];
+    }
+}
+
 // One step of a warp reduce-scatter: 2H values per lane → H, summed over lane pairs (l, l ^ 2H). Lanes whose
 // bit 2H is set keep the upper half. After H = 8, 4, 2, 1, lane l holds the sum over lanes l, l^2, l^4, … l^16
 // of value l >> 1 (of the original 16); the caller adds lane l^1's.
@@ -143,9 +169,16 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t b = blockIdx.x;
     const int w_floats = s.C_in * TAPS * s.C_pad;
-    for (int i = tid; i < w_floats; i += THREADS) {
-        const int co = i % s.C_pad, k = i / s.C_pad;
-        w_s[i] = co < s.C_out ? w[static_cast<int64_t>(co) * s.C_in * TAPS + k] : 0.0f;
+    for (int i0 = tid; i0 < w_floats; i0 += THREADS * STAGE) {  // STAGE loads in flight, then their stores
+        float v[STAGE];
+#pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * THREADS, co = i % s.C_pad, k = i / s.C_pad;
+            v[u] = i < w_floats && co < s.C_out ? w[static_cast<int64_t>(co) * s.C_in * TAPS + k] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE; ++u)
+            if (i0 + u * THREADS < w_floats) w_s[i0 + u * THREADS] = v[u];
     }
     for (int i = tid; i < s.C_pad; i += THREADS) bias_s[i] = (cb && i < s.C_out) ? cb[i] : 0.0f;
     for (int i = tid; i < SLACK; i += THREADS) in_s[s.in_floats - SLACK + i] = 0.0f;
@@ -160,29 +193,17 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
         const int Tc = min(s.T, s.DO - od0), planes = Tc + 3;
         if (od0 > 0) __syncthreads();  // every thread is done with the previous slab
         // Stage planes od0 … od0+Tc+2 of every input channel: rows of W floats into rows of pitch Wp, zero-padded.
+        // Each trip first issues STAGE loads per thread, then stores them: STAGE loads in flight per thread
+        // (a load-then-store loop kept one in flight, and one block per SM waits for the whole sample).
         const int rows_in = s.C_in * planes * s.H;
         const float* xs = x + b * s.C_in * static_cast<int64_t>(s.D) * s.H * s.W;
         if ((s.W & 3) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
-            const int per_row = s.Wp / 4, w4 = s.W / 4, items = rows_in * per_row;
-            const float4* x4 = reinterpret_cast<const float4*>(xs);
-#pragma unroll 4
-            for (int i = tid; i < items; i += THREADS) {
-                const int row = i / per_row, col4 = i - row * per_row;
-                const int ci = row / (planes * s.H), r = row - ci * planes * s.H;
-                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (col4 < w4)
-                    v = x4[((static_cast<int64_t>(ci) * s.D + od0) * s.H + r) * w4 + col4];
-                *reinterpret_cast<float4*>(in_s + ci * ci_stride + r * s.Wp + 4 * col4) = v;
-            }
+            const int64_t plane4 = static_cast<int64_t>(s.H) * (s.W / 4);  // float4 per input plane
+            stage_rows<float4>(reinterpret_cast<const float4*>(xs), reinterpret_cast<float4*>(in_s), rows_in,
+                               s.Wp / 4, s.W / 4, planes * s.H, ci_stride / 4, s.D * plane4, od0 * plane4);
         } else {
-            const int items = rows_in * s.Wp;
-#pragma unroll 4
-            for (int i = tid; i < items; i += THREADS) {
-                const int row = i / s.Wp, col = i - row * s.Wp;
-                const int ci = row / (planes * s.H), r = row - ci * planes * s.H;
-                in_s[ci * ci_stride + r * s.Wp + col] =
-                    col < s.W ? xs[((static_cast<int64_t>(ci) * s.D + od0) * s.H + r) * s.W + col] : 0.0f;
-            }
+            stage_rows<float>(xs, in_s, rows_in, s.Wp, s.W, planes * s.H, ci_stride,
+                              static_cast<int64_t>(s.D) * s.H * s.W, static_cast<int64_t>(od0) * s.H * s.W);
         }
         __syncthreads();
 
