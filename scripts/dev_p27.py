@@ -103,6 +103,13 @@ def checks(ext) -> list[dict]:
         xx = check.rand((n, c_in, d, h, w), seed=sum(shape), device="cuda")
         r, t = reference64(mm, xx)
         add(f"ours {shape}", fused(ext, mm, xx, check.poisoned(r.shape, device="cuda")), r, t)
+    for gpu, limit in (("an A100", 166912), ("sm_86/89", 101376), ("a T4", 65536)):  # the depth-slab path
+        xx = P27.inputs(seed=9, batch=8, device="cuda")
+        r, t = reference64(m, xx)
+        gn = m.group_norm
+        o = ext.p27_forward(xx, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps,
+                            check.poisoned(r.shape, device="cuda"), smem_limit=limit)
+        add(f"ours P27 planned as on {gpu} ({limit} B smem)", o, r, t)
     for shift in (1e3, -1e3):
         xx = P27.inputs(seed=5, batch=8, device="cuda") + shift
         r, t = reference64(m, xx)

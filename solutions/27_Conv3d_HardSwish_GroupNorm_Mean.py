@@ -440,8 +440,10 @@ cudaError_t launch_p27_tail(const float* y, const float* gw, const float* gb, fl
 
 CPP_SRC = r'''
 // conv3d_gn_mean.cpp — the torch binding of conv3d_gn_mean.cu.
-//   p27_forward(x, conv_weight, conv_bias, gn_weight, gn_bias, num_groups, eps, out=None) → (N, C_out):
+//   p27_forward(x, conv_weight, conv_bias, gn_weight, gn_bias, num_groups, eps, out=None, smem_limit=0) → (N, C_out):
 //       mean over (D, H, W) of GroupNorm(hardswish(conv3d(x))), one fused kernel, the conv output never written.
+//       smem_limit > 0 plans the shared memory as on a GPU with that opt-in limit per block (if below this
+//       one's): the depth slabs an A100 (166912 B), an sm_86/89 (101376 B) or a T4 (65536 B) takes, testable here.
 //   p27_tail(y, gn_weight, gn_bias, num_groups, eps, out=None) → (N, C): the same from a materialised conv
 //       output y (N, C, D, H, W) — the "fuse only the tail" baseline.
 // float32, contiguous, CUDA; the biases and the GroupNorm affine parameters may be None (bias=False, affine=False).
@@ -597,7 +599,7 @@ const float* ptr(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr
 torch::Tensor p27_forward(const torch::Tensor& x, const torch::Tensor& conv_weight,
                           const std::optional<torch::Tensor>& conv_bias, const std::optional<torch::Tensor>& gn_weight,
                           const std::optional<torch::Tensor>& gn_bias, int64_t num_groups, double eps,
-                          const std::optional<torch::Tensor>& out) {
+                          const std::optional<torch::Tensor>& out, int64_t smem_limit) {
     constexpr const char* op = "p27_forward";
     KB_CHECK(x.dim() == 5, op, ": x must be 5-D (N, C_in, D, H, W), got ", x.dim(), "-D shape ",
              kb::shape_str(x.sizes()));
@@ -625,6 +627,7 @@ torch::Tensor p27_forward(const torch::Tensor& x, const torch::Tensor& conv_weig
     check_vector(gn_weight, x, c_out, op, "gn_weight", "one value per output channel");
     check_vector(gn_bias, x, c_out, op, "gn_bias", "one value per output channel");
     check_groups(c_out, num_groups, eps, op);
+    KB_CHECK(smem_limit >= 0, op, ": smem_limit must be 0 (the device's limit) or a byte count, got ", smem_limit);
     torch::Tensor y = checked_out(x, N, c_out, out, op);
     if (N == 0) return y;
 
@@ -632,13 +635,15 @@ torch::Tensor p27_forward(const torch::Tensor& x, const torch::Tensor& conv_weig
     int max_smem = 0;
     kb::check_cuda(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, x.device().index()),
                    op, "reading the device's opt-in shared memory per block");
+    if (smem_limit > 0 && smem_limit < max_smem) max_smem = static_cast<int>(smem_limit);
     const int T = p27_slab_depth(static_cast<int>(c_in), static_cast<int>(D), static_cast<int>(H),
                                  static_cast<int>(W), static_cast<int>(c_out), max_smem);
     KB_CHECK(T > 0, op, ": one output depth of this input (", c_in, " channels x 4 planes of ", H, "x", W,
              ", plus the weights) needs ",
              p27_smem_bytes(static_cast<int>(c_in), static_cast<int>(H), static_cast<int>((W + 3) / 4 * 4),
                             static_cast<int>(c_out), 1),
-             " bytes of shared memory, more than the ", max_smem, " this GPU allows per block");
+             " bytes of shared memory, more than the ", max_smem, " this GPU allows per block",
+             smem_limit > 0 ? " (or smem_limit)" : "");
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     kb::check_launch(launch_p27_fused(x.data_ptr<float>(), conv_weight.data_ptr<float>(), ptr(conv_bias),
                                       ptr(gn_weight), ptr(gn_bias), y.data_ptr<float>(), N, static_cast<int>(c_in),
@@ -682,7 +687,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "mean over (D, H, W) of GroupNorm(hardswish(conv3d(x))): one fused kernel, 4x4x4 filters, stride 1, "
           "no padding, float32 FFMA; returns (N, C_out)",
           arg("x"), arg("conv_weight"), arg("conv_bias"), arg("gn_weight"), arg("gn_bias"), arg("num_groups"),
-          arg("eps"), arg("out") = pybind11::none());
+          arg("eps"), arg("out") = pybind11::none(), arg("smem_limit") = 0);
     m.def("p27_tail", &p27_tail,
           "mean over the spatial dims of GroupNorm(hardswish(y)) from a materialised conv output y; returns (N, C)",
           arg("y"), arg("gn_weight"), arg("gn_bias"), arg("num_groups"), arg("eps"), arg("out") = pybind11::none());

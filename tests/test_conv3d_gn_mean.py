@@ -127,6 +127,28 @@ def test_matches_float64(ext, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("limit, aligned", [
+    (166912, True),    # an A100's opt-in shared memory: P27 in 2 slabs of 7 and 6 output depths
+    (101376, True),    # sm_86/89: 4 slabs (4, 4, 4, 1)
+    (65536, False),    # a T4: 13 slabs of one output depth, scalar staging (misaligned x)
+])
+def test_depth_slabs_as_on_smaller_gpus(ext, limit, aligned):
+    """P27's exact shape planned for a GPU with less shared memory (smem_limit): the slab path with its halo."""
+    m = _model(seed=8)
+    x = P27.inputs(seed=8, batch=3, device="cuda")
+    if not aligned:  # 4-byte aligned only: the scalar staging path
+        buf = torch.empty(x.numel() + 1, device="cuda")
+        buf[1:] = x.reshape(-1)
+        x = buf[1:].view(x.shape)
+    assert (x.data_ptr() % 16 == 0) == aligned
+    ref, tol = _reference(m, x)
+    out = check.poisoned(ref.shape, device="cuda")
+    gn = m.group_norm
+    ext.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps, out, smem_limit=limit)
+    check.assert_close(out, ref, tol, what=f"P27 with {limit} B of shared memory per block")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shift", [1e1, 1e3, -1e3])
 def test_shifted_inputs(ext, shift):
     """|mean| ≫ std: E[x²] − E[x]² would cancel; the pivot-shifted sums must not."""
@@ -203,6 +225,9 @@ def test_tail_matches_float64(ext, shape):
      "bytes of shared memory, more than the"),
     (lambda e, x, w, b, m: e.p27_forward(x, w, b, None, None, 4, 1e-5, torch.empty(2, 8, device="cuda")),
      r"out must have shape \[2, 16\]"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w, b, None, None, 4, 1e-5, smem_limit=-1), "smem_limit must be 0"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w, b, None, None, 4, 1e-5, smem_limit=4096),
+     r"bytes of shared memory, more than the 4096 this GPU allows per block \(or smem_limit\)"),
     (lambda e, x, w, b, m: e.p27_tail(torch.ones(2, 600, 5, device="cuda"), None, None, 4, 1e-5),
      "channel count must be between 1 and 512"),
 ])
