@@ -158,8 +158,35 @@ def conv_bn_scale() -> None:
                            what=f"cbs eval {shape}")
 
 
+
+def conv3d_gn_mean() -> None:
+    import torch.nn.functional as F
+
+    mod = kb.build.load("conv3d_gn_mean")
+    # (N, C_in, D, H, W, C_out, groups, x offset in floats): float4 and scalar staging (misaligned, W % 4 != 0),
+    # padded channel groups, and a shape whose input does not fit shared memory (slabs with a halo).
+    cases = [(2, 3, 6, 9, 12, 16, 4, 0), (1, 3, 5, 7, 11, 24, 3, 1), (1, 2, 20, 40, 36, 8, 2, 0)]
+    for n, c_in, d, h, w, c_out, g, off in cases:
+        torch.manual_seed(n + c_out)
+        m = kb.problems.P27(c_in, c_out, 4, num_groups=g).cuda()
+        x = check.rand([n * c_in * d * h * w + off], seed=d, device="cuda")[off:].view(n, c_in, d, h, w)
+        gn = m.group_norm
+        with torch.no_grad():
+            hh = F.hardswish(F.conv3d(x.double(), m.conv.weight.double(), m.conv.bias.double()))
+            ref = F.group_norm(hh, g, gn.weight.double(), gn.bias.double(), gn.eps).mean(dim=[2, 3, 4])
+        out = check.poisoned([n, c_out], device="cuda")
+        mod.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, g, gn.eps, out)
+        check.assert_close(out, ref, 1e-5, what=f"p27_forward {(n, c_in, d, h, w, c_out, g)}")
+        out = check.poisoned([n, c_out], device="cuda")
+        y = F.conv3d(x.double(), m.conv.weight.double(), m.conv.bias.double()).float()  # exact conv, rounded
+        mod.p27_tail(y, gn.weight, gn.bias, g, gn.eps, out)
+        check.assert_close(out, ref, 1e-5, what=f"p27_tail {(n, c_in, d, h, w, c_out, g)}")
+
+
+
 WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings,
-             "ceilings": ceilings, "group_stats": group_stats, "conv_bn_scale": conv_bn_scale}
+             "ceilings": ceilings, "group_stats": group_stats, "conv_bn_scale": conv_bn_scale,
+             "conv3d_gn_mean": conv3d_gn_mean}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)

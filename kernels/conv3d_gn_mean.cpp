@@ -1,0 +1,157 @@
+// conv3d_gn_mean.cpp — the torch binding of conv3d_gn_mean.cu.
+//   p27_forward(x, conv_weight, conv_bias, gn_weight, gn_bias, num_groups, eps, out=None, smem_limit=0) → (N, C_out):
+//       mean over (D, H, W) of GroupNorm(hardswish(conv3d(x))), one fused kernel, the conv output never written.
+//       smem_limit > 0 plans the shared memory as on a GPU with that opt-in limit per block (if below this
+//       one's): the depth slabs an A100 (166912 B), an sm_86/89 (101376 B) or a T4 (65536 B) takes, testable here.
+//   p27_tail(y, gn_weight, gn_bias, num_groups, eps, out=None) → (N, C): the same from a materialised conv
+//       output y (N, C, D, H, W) — the "fuse only the tail" baseline.
+// float32, contiguous, CUDA; the biases and the GroupNorm affine parameters may be None (bias=False, affine=False).
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <climits>
+#include <cstdint>
+#include <optional>
+
+#include "torch_checks.h"
+
+// From conv3d_gn_mean.cu.
+int p27_kernel_size();
+int p27_max_out_channels();
+int p27_tail_max_channels();
+int64_t p27_smem_bytes(int C_in, int H, int Wp, int C_out, int T);
+int p27_slab_depth(int C_in, int D, int H, int W, int C_out, int64_t max_smem);
+cudaError_t launch_p27_fused(const float* x, const float* w, const float* cb, const float* gw, const float* gb,
+                             float* out, int64_t N, int C_in, int D, int H, int W, int C_out, int num_groups,
+                             float eps, int64_t max_smem, cudaStream_t stream);
+cudaError_t launch_p27_tail(const float* y, const float* gw, const float* gb, float* out, int64_t N, int C,
+                            int64_t S, int num_groups, float eps, cudaStream_t stream);
+
+namespace {
+
+void check_vector(const std::optional<torch::Tensor>& t, const torch::Tensor& x, int64_t C, const char* op,
+                  const char* name, const char* what) {
+    if (!t) return;
+    kb::check_tensor(*t, op, name);
+    kb::check_same_device(x, *t, op, "x", name);
+    KB_CHECK(t->dim() == 1 && t->size(0) == C, op, ": ", name, " must have shape [", C, "] (", what, "), got ",
+             kb::shape_str(t->sizes()));
+}
+
+void check_groups(int64_t C, int64_t num_groups, double eps, const char* op) {
+    KB_CHECK(num_groups >= 1, op, ": num_groups must be at least 1, got ", num_groups);
+    KB_CHECK(C % num_groups == 0, op, ": the channel count ", C, " must be a multiple of num_groups = ", num_groups);
+    KB_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
+}
+
+torch::Tensor checked_out(const torch::Tensor& x, int64_t N, int64_t C, const std::optional<torch::Tensor>& out,
+                          const char* op) {
+    if (!out) return torch::empty({N, C}, x.options());
+    kb::check_tensor(*out, op, "out");
+    kb::check_shape(*out, {N, C}, op, "out");
+    kb::check_same_device(x, *out, op, "x", "out");
+    kb::check_no_overlap(x, *out, op, "x", "out");
+    return *out;
+}
+
+const float* ptr(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
+
+}  // namespace
+
+torch::Tensor p27_forward(const torch::Tensor& x, const torch::Tensor& conv_weight,
+                          const std::optional<torch::Tensor>& conv_bias, const std::optional<torch::Tensor>& gn_weight,
+                          const std::optional<torch::Tensor>& gn_bias, int64_t num_groups, double eps,
+                          const std::optional<torch::Tensor>& out, int64_t smem_limit) {
+    constexpr const char* op = "p27_forward";
+    KB_CHECK(x.dim() == 5, op, ": x must be 5-D (N, C_in, D, H, W), got ", x.dim(), "-D shape ",
+             kb::shape_str(x.sizes()));
+    KB_CHECK(conv_weight.dim() == 5, op, ": conv_weight must be 5-D (C_out, C_in, K, K, K), got ", conv_weight.dim(),
+             "-D shape ", kb::shape_str(conv_weight.sizes()));
+    kb::check_tensor(x, op, "x");
+    kb::check_tensor(conv_weight, op, "conv_weight");
+    kb::check_same_device(x, conv_weight, op, "x", "conv_weight");
+    const int64_t N = x.size(0), c_in = x.size(1), D = x.size(2), H = x.size(3), W = x.size(4);
+    const int64_t c_out = conv_weight.size(0);
+    const int k = p27_kernel_size();
+    KB_CHECK(conv_weight.size(1) == c_in, op, ": conv_weight has ", conv_weight.size(1), " input channels but x has ",
+             c_in, " (conv_weight ", kb::shape_str(conv_weight.sizes()), ", x ", kb::shape_str(x.sizes()), ")");
+    KB_CHECK(conv_weight.size(2) == k && conv_weight.size(3) == k && conv_weight.size(4) == k, op,
+             ": the fused kernel is specialised for ", k, "x", k, "x", k, " filters, got conv_weight ",
+             kb::shape_str(conv_weight.sizes()));
+    KB_CHECK(c_out >= 1 && c_out <= p27_max_out_channels(), op, ": out_channels must be between 1 and ",
+             p27_max_out_channels(), " (8 per thread, 16 warps), got ", c_out);
+    KB_CHECK(c_in >= 1, op, ": x must have at least one input channel, got shape ", kb::shape_str(x.sizes()));
+    KB_CHECK(D >= k && H >= k && W >= k, op, ": the input volume ", D, "x", H, "x", W, " is smaller than the ", k,
+             "x", k, "x", k, " filter (no padding: the output would be empty)");
+    KB_CHECK(N <= INT_MAX && c_in <= 4096 && D <= INT_MAX && H <= 65536 && W <= 65536, op,
+             ": sizes out of range (N < 2^31, C_in <= 4096, H and W <= 65536), got x ", kb::shape_str(x.sizes()));
+    check_vector(conv_bias, x, c_out, op, "conv_bias", "one value per output channel");
+    check_vector(gn_weight, x, c_out, op, "gn_weight", "one value per output channel");
+    check_vector(gn_bias, x, c_out, op, "gn_bias", "one value per output channel");
+    check_groups(c_out, num_groups, eps, op);
+    KB_CHECK(smem_limit >= 0, op, ": smem_limit must be 0 (the device's limit) or a byte count, got ", smem_limit);
+    torch::Tensor y = checked_out(x, N, c_out, out, op);
+    if (N == 0) return y;
+
+    const c10::cuda::CUDAGuard guard(x.device());
+    int max_smem = 0;
+    kb::check_cuda(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, x.device().index()),
+                   op, "reading the device's opt-in shared memory per block");
+    if (smem_limit > 0 && smem_limit < max_smem) max_smem = static_cast<int>(smem_limit);
+    const int T = p27_slab_depth(static_cast<int>(c_in), static_cast<int>(D), static_cast<int>(H),
+                                 static_cast<int>(W), static_cast<int>(c_out), max_smem);
+    KB_CHECK(T > 0, op, ": one output depth of this input (", c_in, " channels x 4 planes of ", H, "x", W,
+             ", plus the weights) needs ",
+             p27_smem_bytes(static_cast<int>(c_in), static_cast<int>(H), static_cast<int>((W + 3) / 4 * 4),
+                            static_cast<int>(c_out), 1),
+             " bytes of shared memory, more than the ", max_smem, " this GPU allows per block",
+             smem_limit > 0 ? " (or smem_limit)" : "");
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    kb::check_launch(launch_p27_fused(x.data_ptr<float>(), conv_weight.data_ptr<float>(), ptr(conv_bias),
+                                      ptr(gn_weight), ptr(gn_bias), y.data_ptr<float>(), N, static_cast<int>(c_in),
+                                      static_cast<int>(D), static_cast<int>(H), static_cast<int>(W),
+                                      static_cast<int>(c_out), static_cast<int>(num_groups), static_cast<float>(eps),
+                                      max_smem, stream),
+                     op);
+    return y;
+}
+
+torch::Tensor p27_tail(const torch::Tensor& y, const std::optional<torch::Tensor>& gn_weight,
+                       const std::optional<torch::Tensor>& gn_bias, int64_t num_groups, double eps,
+                       const std::optional<torch::Tensor>& out) {
+    constexpr const char* op = "p27_tail";
+    KB_CHECK(y.dim() >= 3, op, ": y must be (N, C, D, H, W) or (N, C, S), got shape ", kb::shape_str(y.sizes()));
+    kb::check_tensor(y, op, "y");
+    const int64_t N = y.size(0), C = y.size(1);
+    int64_t S = 1;
+    for (int64_t d = 2; d < y.dim(); ++d) S *= y.size(d);
+    KB_CHECK(C >= 1 && C <= p27_tail_max_channels(), op, ": the channel count must be between 1 and ",
+             p27_tail_max_channels(), ", got ", C);
+    KB_CHECK(S >= 1, op, ": each channel needs at least one value, got y of shape ", kb::shape_str(y.sizes()));
+    KB_CHECK(N <= INT_MAX, op, ": at most 2^31 - 1 samples, got ", N);
+    check_vector(gn_weight, y, C, op, "gn_weight", "one value per channel");
+    check_vector(gn_bias, y, C, op, "gn_bias", "one value per channel");
+    check_groups(C, num_groups, eps, op);
+    torch::Tensor o = checked_out(y, N, C, out, op);
+    if (N == 0) return o;
+    const c10::cuda::CUDAGuard guard(y.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(y.device().index()).stream();
+    kb::check_launch(launch_p27_tail(y.data_ptr<float>(), ptr(gn_weight), ptr(gn_bias), o.data_ptr<float>(), N,
+                                     static_cast<int>(C), S, static_cast<int>(num_groups), static_cast<float>(eps),
+                                     stream),
+                     op);
+    return o;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    using pybind11::arg;
+    m.def("p27_forward", &p27_forward,
+          "mean over (D, H, W) of GroupNorm(hardswish(conv3d(x))): one fused kernel, 4x4x4 filters, stride 1, "
+          "no padding, float32 FFMA; returns (N, C_out)",
+          arg("x"), arg("conv_weight"), arg("conv_bias"), arg("gn_weight"), arg("gn_bias"), arg("num_groups"),
+          arg("eps"), arg("out") = pybind11::none(), arg("smem_limit") = 0);
+    m.def("p27_tail", &p27_tail,
+          "mean over the spatial dims of GroupNorm(hardswish(y)) from a materialised conv output y; returns (N, C)",
+          arg("y"), arg("gn_weight"), arg("gn_bias"), arg("num_groups"), arg("eps"), arg("out") = pybind11::none());
+}

@@ -1,0 +1,422 @@
+// conv3d_gn_mean.cu — P27 in one kernel: y[b, c] = mean over (D, H, W) of GroupNorm(hardswish(conv3d(x)))[b, c],
+// stride 1, no padding, 4×4×4 filters, NCDHW float32, plain FFMA (no TF32). The conv output is never written.
+//
+// The algebra (RATIONALES.md, rationale 6): with h = hardswish(conv(x)), m_c the mean of h over channel c of
+// sample b, and μ_g, var_g the statistics of c's group (biased variance),
+//     mean_DHW(GN(h))[b, c] = γ_c · (m_c − μ_g) / √(var_g + ε) + β_c,
+// so per-(b, c) statistics suffice. A channel's statistics are shifted sums: Σd and Σd² with d = 6h − K6_c,
+// K6_c = 6h at position (0, 0, 0) of (b, c) — a value of the data, so |mean − pivot| is of the order of the
+// spread and the variance (Σd² − (Σd)²/n)/n does not cancel catastrophically even when |mean| ≫ std (inputs
+// shifted by 1e3). The factor 6 is hardswish's division, folded into the statistics: 6h = v·clamp(v+3, 0, 6)
+// is one FFMA away from d. Channels merge into groups exactly (within + between sums of squares), in double.
+//
+// p27_fused_kernel — one block per sample (512 threads). The block stages the sample's input (or a slab of
+// output depths with its 3-plane halo, when the sample does not fit) and all weights in shared memory, and
+// each thread computes work items of 8 output channels × 8 consecutive output columns of one output row
+// (64 accumulators): per input channel and filter (kd, kh) it reads 12 input values (3 float4) and 8 float4
+// weight broadcasts and issues 256 FFMAs (23 FFMA per shared-memory load). Warps are tied to one channel group
+// for the whole sample, so each thread keeps its 8 channels' sums in registers; they are merged by warp
+// shuffles and, per block, in double. No other block touches the sample: no atomics, no finalise kernel.
+//
+// p27_tail_kernel — the "fuse only the tail" baseline: from a materialised conv output (N, C, S), one block
+// per sample does hardswish, the same shifted statistics and the same finalisation.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+namespace {
+
+constexpr int KS = 4;                 // filter size (the fused kernel is specialised for 4×4×4)
+constexpr int TAPS = KS * KS * KS;    // 64 taps per input channel
+constexpr int CO_T = 8;               // output channels per thread (two float4 weight broadcasts)
+constexpr int COLS = 8;               // output columns per thread
+constexpr int WIN = 12;               // input columns a thread reads per filter row: COLS + KS − 1 = 11, as 3 float4
+constexpr int THREADS = 512;          // 16 warps: 4 per scheduler on sm_80/sm_90, at most 128 registers each
+constexpr int WARPS = THREADS / 32;
+constexpr int SLACK = 16;             // zeroed floats after the staged input: reads of masked columns past the end
+// Filter depths unrolled in the inner loop (1, 2 or 4). Unrolled, the kd loop saves its ~45 address and loop
+// instructions per 1024 FFMAs (4 %) but multiplies the code (1024 FFMAs = 16 KB per kd); a compile-time knob
+// (-DKB_P27_KD_UNROLL=4) for the GPU to decide.
+#ifndef KB_P27_KD_UNROLL
+#define KB_P27_KD_UNROLL 1
+#endif
+constexpr int KD_UNROLL = KB_P27_KD_UNROLL;  // #pragma unroll takes a constant expression, not a macro
+constexpr int TAIL_THREADS = 512;
+constexpr int TAIL_WARPS = TAIL_THREADS / 32;
+
+struct Shape {
+    int C_in, D, H, W;        // input (per sample)
+    int C_out, C_pad, G8;     // output channels, padded to 8·G8 with G8 a divisor of 16 (warps per group = 16/G8)
+    int DO, HO, WO;           // conv output
+    int num_groups;
+    int Wp;                   // staged row pitch in floats (a multiple of 4)
+    int T;                    // output depths per staged slab
+    int CT;                   // column items per output row: ceil(WO / 8)
+    int in_floats;            // staged input floats per block (C_in·(T+3)·H·Wp + SLACK)
+    float eps;
+};
+
+__device__ __forceinline__ float hswish6(float v) {  // 6·hardswish(v) = v · clamp(v + 3, 0, 6)
+    return v * fminf(fmaxf(v + 3.0f, 0.0f), 6.0f);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Copies rows_in rows of `w` elements (row r of input channel ci at src[ci·src_ci + src_off + r·w]) into
+// rows of `pitch` elements (dst[ci·dst_ci + r·pitch]), zero-filling columns w … pitch−1; rows_per_ci rows per
+// channel. STAGE loads are issued before their stores, so each thread has STAGE loads in flight.
+constexpr int STAGE = 8;
+template <typename V>
+__device__ __forceinline__ void stage_rows(const V* __restrict__ src, V* dst, int rows_in, int pitch, int w,
+                                           int rows_per_ci, int dst_ci, int64_t src_ci, int64_t src_off) {
+    const int items = rows_in * pitch;
+    for (int i0 = threadIdx.x; i0 < items; i0 += THREADS * STAGE) {
+        V v[STAGE];
+        int d[STAGE];
+#pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * THREADS;
+            const int row = i / pitch, col = i - row * pitch;
+            const int ci = row / rows_per_ci, r = row - ci * rows_per_ci;
+            d[u] = i < items ? ci * dst_ci + r * pitch + col : -1;
+            v[u] = V{};
+            if (i < items && col < w) v[u] = src[ci * src_ci + src_off + static_cast<int64_t>(r) * w + col];
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE; ++u)
+            if (d[u] >= 0) dst[d[u]] = v[u];
+    }
+}
+
+// One step of a warp reduce-scatter: 2H values per lane → H, summed over lane pairs (l, l ^ 2H). Lanes whose
+// bit 2H is set keep the upper half. After H = 8, 4, 2, 1, lane l holds the sum over lanes l, l^2, l^4, … l^16
+// of value l >> 1 (of the original 16); the caller adds lane l^1's.
+template <int H>
+__device__ __forceinline__ void reduce_scatter(float (&t)[2 * CO_T], int lane) {
+    const bool up = (lane & (2 * H)) != 0;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+        const float send = up ? t[i] : t[i + H];
+        const float keep = up ? t[i + H] : t[i];
+        t[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * H);
+    }
+    if constexpr (H > 1) reduce_scatter<H / 2>(t, lane);
+}
+
+// From per-channel (mean, M2) of h over n positions each (in shared memory, double), GroupNorm's group
+// statistics and the output row out[0 .. C_out). Threads 0 … C_out−1 of the block each write one value.
+__device__ void finalize_sample(const double* mean_s, const double* m2_s, int C_out, int num_groups, double n,
+                                const float* __restrict__ gw, const float* __restrict__ gb, float eps,
+                                float* __restrict__ out) {
+    const int c = threadIdx.x;
+    if (c >= C_out) return;
+    const int cpg = C_out / num_groups;
+    const int c0 = (c / cpg) * cpg;
+    double mu = 0.0;
+    for (int k = 0; k < cpg; ++k) mu += mean_s[c0 + k];
+    mu /= cpg;
+    double m2 = 0.0;  // within-channel plus between-channel sums of squares: exact merge of equal-count states
+    for (int k = 0; k < cpg; ++k) {
+        const double dm = mean_s[c0 + k] - mu;
+        m2 += m2_s[c0 + k] + n * dm * dm;
+    }
+    const double var = m2 / (n * cpg);
+    const double g = gw ? static_cast<double>(gw[c]) : 1.0;
+    const double be = gb ? static_cast<double>(gb[c]) : 0.0;
+    out[c] = static_cast<float>(g * (mean_s[c] - mu) / sqrt(var + static_cast<double>(eps)) + be);
+}
+
+// (mean, M2) of h for a channel from shifted sums of d = 6h − K6 over n values.
+__device__ __forceinline__ void channel_state(double s1, double s2, float k6, double n, double* mean, double* m2) {
+    *mean = (static_cast<double>(k6) + s1 / n) / 6.0;
+    const double m = (s2 - s1 * s1 / n) / 36.0;
+    *m2 = m > 0.0 ? m : 0.0;
+}
+
+__global__ void __launch_bounds__(THREADS, 1)
+p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ cb,
+                 const float* __restrict__ gw, const float* __restrict__ gb, float* __restrict__ out, Shape s) {
+    extern __shared__ float4 smem4[];
+    double* mean_s = reinterpret_cast<double*>(smem4);           // [C_pad]
+    double* m2_s = mean_s + s.C_pad;                             // [C_pad]
+    float* w_s = reinterpret_cast<float*>(m2_s + s.C_pad);       // [C_in·64][C_pad]: w_s[(ci·64 + tap)·C_pad + co]
+    float* in_s = w_s + s.C_in * TAPS * s.C_pad;                 // [C_in][T+3][H][Wp] + SLACK
+    float* red = in_s + s.in_floats;                             // [WARPS][CO_T][2]
+    float* piv = red + WARPS * CO_T * 2;                         // [C_pad]  K6 per channel
+    float* bias_s = piv + s.C_pad;                               // [C_pad]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t b = blockIdx.x;
+    const int w_floats = s.C_in * TAPS * s.C_pad;
+    for (int i0 = tid; i0 < w_floats; i0 += THREADS * STAGE) {  // STAGE loads in flight, then their stores
+        float v[STAGE];
+#pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * THREADS, co = i % s.C_pad, k = i / s.C_pad;
+            v[u] = i < w_floats && co < s.C_out ? w[static_cast<int64_t>(co) * s.C_in * TAPS + k] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE; ++u)
+            if (i0 + u * THREADS < w_floats) w_s[i0 + u * THREADS] = v[u];
+    }
+    for (int i = tid; i < s.C_pad; i += THREADS) bias_s[i] = (cb && i < s.C_out) ? cb[i] : 0.0f;
+    for (int i = tid; i < SLACK; i += THREADS) in_s[s.in_floats - SLACK + i] = 0.0f;
+
+    const int g = warp % s.G8;            // this warp's channel group, for the whole sample
+    const int slot = warp / s.G8, slots = WARPS / s.G8;
+    const int co0 = g * CO_T;
+    const int ci_stride = (s.T + 3) * s.H * s.Wp;  // staged floats per input channel
+    float stat = 0.0f;  // the warp's running total of one of its 16 sums (Σd, Σd² for 8 channels): see below
+
+    for (int od0 = 0; od0 < s.DO; od0 += s.T) {
+        const int Tc = min(s.T, s.DO - od0), planes = Tc + 3;
+        if (od0 > 0) __syncthreads();  // every thread is done with the previous slab
+        // Stage planes od0 … od0+Tc+2 of every input channel: rows of W floats into rows of pitch Wp, zero-padded.
+        // Each trip first issues STAGE loads per thread, then stores them: STAGE loads in flight per thread
+        // (a load-then-store loop kept one in flight, and one block per SM waits for the whole sample).
+        const int rows_in = s.C_in * planes * s.H;
+        const float* xs = x + b * s.C_in * static_cast<int64_t>(s.D) * s.H * s.W;
+        if ((s.W & 3) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+            const int64_t plane4 = static_cast<int64_t>(s.H) * (s.W / 4);  // float4 per input plane
+            stage_rows<float4>(reinterpret_cast<const float4*>(xs), reinterpret_cast<float4*>(in_s), rows_in,
+                               s.Wp / 4, s.W / 4, planes * s.H, ci_stride / 4, s.D * plane4, od0 * plane4);
+        } else {
+            stage_rows<float>(xs, in_s, rows_in, s.Wp, s.W, planes * s.H, ci_stride,
+                              static_cast<int64_t>(s.D) * s.H * s.W, static_cast<int64_t>(od0) * s.H * s.W);
+        }
+        __syncthreads();
+
+        if (od0 == 0) {
+            // Pivots: K6_c = 6·hardswish(conv) at output (0, 0, 0), one warp per channel, lanes over the taps.
+            for (int c = warp; c < s.C_pad; c += WARPS) {
+                float v = 0.0f;
+                for (int t = lane; t < s.C_in * TAPS; t += 32) {
+                    const int ci = t / TAPS, tap = t % TAPS;
+                    const int kd = tap / (KS * KS), kh = (tap / KS) % KS, kw = tap % KS;
+                    v = fmaf(in_s[ci * ci_stride + (kd * s.H + kh) * s.Wp + kw], w_s[t * s.C_pad + c], v);
+                }
+                v = warp_sum(v) + bias_s[c];
+                if (lane == 0) piv[c] = hswish6(v);
+            }
+            __syncthreads();
+        }
+
+        // Work items of this slab: (output row = (od, oh), column block q), 8 channels × 8 columns each.
+        const int items = Tc * s.HO * s.CT;
+        // The loop is warp-uniform (the shuffles below need all 32 lanes); lanes past the end idle through it.
+        for (int jb = slot * 32; jb < items; jb += slots * 32) {
+            const int j = jb + lane;
+            float t[2 * CO_T];  // this item's Σd and Σd² per channel
+#pragma unroll
+            for (int i = 0; i < 2 * CO_T; ++i) t[i] = 0.0f;
+            if (j < items) {
+            const int row = j / s.CT, q = j - row * s.CT;
+            const int odl = row / s.HO, oh = row - odl * s.HO;
+            const float* ip = in_s + (odl * s.H + oh) * s.Wp + q * COLS;
+            float acc[CO_T][COLS];
+#pragma unroll
+            for (int c = 0; c < CO_T; ++c)
+#pragma unroll
+                for (int jj = 0; jj < COLS; ++jj) acc[c][jj] = bias_s[co0 + c];
+
+#pragma unroll 1
+            for (int ci = 0; ci < s.C_in; ++ci) {
+#pragma unroll KD_UNROLL
+                for (int kd = 0; kd < KS; ++kd) {
+                    const float* rp = ip + ci * ci_stride + kd * s.H * s.Wp;
+                    const float* wr = w_s + (ci * TAPS + kd * KS * KS) * s.C_pad + co0;
+#pragma unroll
+                    for (int kh = 0; kh < KS; ++kh) {
+                        float v[WIN];
+#pragma unroll
+                        for (int u = 0; u < WIN / 4; ++u) {
+                            const float4 t = *reinterpret_cast<const float4*>(rp + kh * s.Wp + 4 * u);
+                            v[4 * u] = t.x; v[4 * u + 1] = t.y; v[4 * u + 2] = t.z; v[4 * u + 3] = t.w;
+                        }
+#pragma unroll
+                        for (int kw = 0; kw < KS; ++kw) {
+                            const float4* wp = reinterpret_cast<const float4*>(wr + (kh * KS + kw) * s.C_pad);
+                            const float4 wa = wp[0], wb = wp[1];
+                            const float wq[CO_T] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+                            for (int c = 0; c < CO_T; ++c)
+#pragma unroll
+                                for (int jj = 0; jj < COLS; ++jj) acc[c][jj] = fmaf(v[jj + kw], wq[c], acc[c][jj]);
+                        }
+                    }
+                }
+            }
+
+            // Epilogue: hardswish and shifted sums; columns past WO (the last column block) are left out.
+            const int nv = s.WO - q * COLS;
+#pragma unroll
+            for (int c = 0; c < CO_T; ++c) {
+                const float k6 = piv[co0 + c];
+#pragma unroll
+                for (int jj = 0; jj < COLS; ++jj) {
+                    const float a = acc[c][jj];
+                    const float d = fmaf(a, fminf(fmaxf(a + 3.0f, 0.0f), 6.0f), -k6);
+                    if (jj < nv) {
+                        t[2 * c] += d;
+                        t[2 * c + 1] = fmaf(d, d, t[2 * c + 1]);
+                    }
+                }
+            }
+            }  // j < items
+            // Reduce-scatter the 16 item sums over the warp: 16 shuffles, after which lane l holds the warp's
+            // total of value l >> 1 (channel l >> 2, Σd or Σd²). One register per thread then carries the
+            // sample's statistics instead of 16 (which spilled at 128 registers).
+            reduce_scatter<CO_T>(t, lane);
+            stat += t[0] + __shfl_xor_sync(0xffffffffu, t[0], 1);
+        }
+    }
+
+    // Merge the warps of each channel group in double. Lanes l and l^1 hold the same value.
+    if ((lane & 1) == 0) red[warp * CO_T * 2 + (lane >> 1)] = stat;
+    __syncthreads();
+    const double n = static_cast<double>(s.DO) * s.HO * s.WO;
+    if (tid < s.C_pad) {
+        const int gg = tid / CO_T, c = tid % CO_T;
+        double s1 = 0.0, s2 = 0.0;
+        for (int wv = gg; wv < WARPS; wv += s.G8) {
+            s1 += red[(wv * CO_T + c) * 2];
+            s2 += red[(wv * CO_T + c) * 2 + 1];
+        }
+        channel_state(s1, s2, piv[tid], n, &mean_s[tid], &m2_s[tid]);
+    }
+    __syncthreads();
+    finalize_sample(mean_s, m2_s, s.C_out, s.num_groups, n, gw, gb, s.eps, out + b * s.C_out);
+}
+
+// The tail alone: y is the conv output (N, C, S) (any alignment). One block per sample; per channel, the
+// threads stride over its S values, pivot = 6·hardswish of the first.
+__global__ void __launch_bounds__(TAIL_THREADS)
+p27_tail_kernel(const float* __restrict__ y, const float* __restrict__ gw, const float* __restrict__ gb,
+                float* __restrict__ out, int C, int64_t S, int num_groups, float eps) {
+    extern __shared__ double tail_smem[];
+    double* mean_s = tail_smem;        // [C]
+    double* m2_s = tail_smem + C;      // [C]
+    __shared__ float red[TAIL_WARPS][2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t b = blockIdx.x;
+    for (int c = 0; c < C; ++c) {
+        const float* p = y + (b * C + c) * S;
+        const float k6 = hswish6(p[0]);
+        float a = 0.0f, q2 = 0.0f;
+        int64_t i = tid;
+        for (; i + 3 * TAIL_THREADS < S; i += 4 * TAIL_THREADS) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = p[i + u * TAIL_THREADS];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float d = hswish6(v[u]) - k6;
+                a += d;
+                q2 = fmaf(d, d, q2);
+            }
+        }
+        for (; i < S; i += TAIL_THREADS) {
+            const float d = hswish6(p[i]) - k6;
+            a += d;
+            q2 = fmaf(d, d, q2);
+        }
+        a = warp_sum(a);
+        q2 = warp_sum(q2);
+        if (lane == 0) { red[warp][0] = a; red[warp][1] = q2; }
+        __syncthreads();
+        if (tid == 0) {
+            double s1 = 0.0, s2 = 0.0;
+            for (int wv = 0; wv < TAIL_WARPS; ++wv) { s1 += red[wv][0]; s2 += red[wv][1]; }
+            channel_state(s1, s2, k6, static_cast<double>(S), &mean_s[c], &m2_s[c]);
+        }
+        __syncthreads();  // red is reused by the next channel
+    }
+    finalize_sample(mean_s, m2_s, C, num_groups, static_cast<double>(S), gw, gb, eps, out + b * C);
+}
+
+int pad_groups(int C_out) {  // channel groups of 8, rounded up to a divisor of 16 (warps split evenly)
+    const int g = (C_out + CO_T - 1) / CO_T;
+    int p = 1;
+    while (p < g) p *= 2;
+    return p;
+}
+
+}  // namespace
+
+// Limits the binding checks before calling, so that they are reported as clear errors.
+int p27_kernel_size() { return KS; }
+int p27_max_out_channels() { return CO_T * WARPS; }
+int p27_tail_max_channels() { return TAIL_THREADS; }
+
+// Shared memory the fused kernel needs for a slab of T output depths (bytes), for a row pitch Wp.
+int64_t p27_smem_bytes(int C_in, int H, int Wp, int C_out, int T) {
+    const int64_t c_pad = int64_t{CO_T} * pad_groups(C_out);
+    return 2 * c_pad * 8 + 4 * (int64_t{C_in} * TAPS * c_pad + int64_t{C_in} * (T + 3) * H * Wp + SLACK +
+                                WARPS * CO_T * 2 + 2 * c_pad);
+}
+
+// The slab depth T for this shape and shared-memory limit: all DO output depths when they fit, else the
+// deepest balanced slabs that fit; 0 when not even one output depth (4 input planes) fits.
+int p27_slab_depth(int C_in, int D, int H, int W, int C_out, int64_t max_smem) {
+    const int DO = D - KS + 1, Wp = (W + 3) / 4 * 4;
+    int t_max = 0;
+    for (int t = 1; t <= DO; ++t)
+        if (p27_smem_bytes(C_in, H, Wp, C_out, t) <= max_smem) t_max = t;
+        else break;  // the need grows with t
+    if (t_max == 0) return 0;
+    const int slabs = (DO + t_max - 1) / t_max;
+    return (DO + slabs - 1) / slabs;
+}
+
+cudaError_t launch_p27_fused(const float* x, const float* w, const float* cb, const float* gw, const float* gb,
+                             float* out, int64_t N, int C_in, int D, int H, int W, int C_out, int num_groups,
+                             float eps, int64_t max_smem, cudaStream_t stream) {
+    if (N == 0) return cudaSuccess;
+    if (N > INT_MAX || C_out > CO_T * WARPS || num_groups < 1 || C_out % num_groups != 0 || D < KS || H < KS ||
+        W < KS)
+        return cudaErrorInvalidValue;
+    Shape s;
+    s.C_in = C_in; s.D = D; s.H = H; s.W = W;
+    s.C_out = C_out; s.G8 = pad_groups(C_out); s.C_pad = CO_T * s.G8;
+    s.DO = D - KS + 1; s.HO = H - KS + 1; s.WO = W - KS + 1;
+    s.num_groups = num_groups;
+    s.Wp = (W + 3) / 4 * 4;
+    s.T = p27_slab_depth(C_in, D, H, W, C_out, max_smem);
+    if (s.T == 0) return cudaErrorInvalidValue;
+    // A pitch ≡ 4 (mod 8) floats puts neighbouring rows in different banks for the float4 input reads;
+    // take it when it still fits the same slab depth.
+    if ((s.Wp / 4) % 2 == 0 && p27_smem_bytes(C_in, H, s.Wp + 4, C_out, s.T) <= max_smem) s.Wp += 4;
+    s.CT = (s.WO + COLS - 1) / COLS;
+    s.in_floats = C_in * (s.T + 3) * H * s.Wp + SLACK;
+    s.eps = eps;
+    const int64_t bytes = p27_smem_bytes(C_in, H, s.Wp, C_out, s.T);
+    static int64_t attr_set[64] = {};  // largest dynamic shared memory opted into, per device
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if (bytes > 48 * 1024 && bytes > attr_set[device % 64]) {
+        err = cudaFuncSetAttribute(p27_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(bytes));
+        if (err != cudaSuccess) return err;
+        attr_set[device % 64] = bytes;
+    }
+    p27_fused_kernel<<<static_cast<unsigned>(N), THREADS, static_cast<size_t>(bytes), stream>>>(x, w, cb, gw, gb,
+                                                                                              out, s);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_p27_tail(const float* y, const float* gw, const float* gb, float* out, int64_t N, int C,
+                            int64_t S, int num_groups, float eps, cudaStream_t stream) {
+    if (N == 0) return cudaSuccess;
+    if (N > INT_MAX || C < 1 || C > TAIL_THREADS || S < 1 || num_groups < 1 || C % num_groups != 0)
+        return cudaErrorInvalidValue;
+    const size_t bytes = 2 * sizeof(double) * static_cast<size_t>(C);  // ≤ 8 KB
+    p27_tail_kernel<<<static_cast<unsigned>(N), TAIL_THREADS, bytes, stream>>>(y, gw, gb, out, C, S, num_groups,
+                                                                                eps);
+    return cudaGetLastError();
+}

@@ -1,0 +1,304 @@
+"""P27 fused (conv3d + hardswish + GroupNorm + spatial mean) and its tail-only baseline, against float64.
+
+The reference is the real module (kernelbook.problems.P27) in float64. GPU tests are marked ``gpu``; the
+algebra the kernel relies on, the argument checks that need no GPU and the generated solution file run
+everywhere (the last two need nvcc: ``compile``).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernelbook as kb
+from kernelbook import check
+from kernelbook.paths import ROOT
+
+P27 = kb.problems.P27_CONV3D_GN_MEAN
+SOLUTION = ROOT / "solutions" / "27_Conv3d_HardSwish_GroupNorm_Mean.py"
+TOL = 1e-5  # the issue's bound on the relative error against float64
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return kb.build.load("conv3d_gn_mean", arch=None if kb.gpu() else "90")
+
+
+def _model(c_in=3, c_out=16, groups=4, bias=True, affine=True, seed=0, device="cuda"):
+    """A P27 module with non-trivial GroupNorm parameters (γ of both signs, β ≠ 0)."""
+    torch.manual_seed(seed)
+    m = kb.problems.P27(c_in, c_out, 4, num_groups=groups, bias=bias)
+    if not affine:
+        m.group_norm = nn.GroupNorm(groups, c_out, affine=False)
+    else:
+        with torch.no_grad():
+            m.group_norm.weight.uniform_(-2, 2)
+            m.group_norm.bias.uniform_(-1, 1)
+    return m.to(device)
+
+
+def _reference(m: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(float64 output of the module, tolerance): TOL, or wider where |μ|/σ of a group makes fp32 statistics
+    inherently lose digits (inputs shifted by 1e3): k roundings of u·(1 + |μ|/σ), k = 64 for the 4-level sum."""
+    m64 = copy.deepcopy(m).double()
+    with torch.no_grad():
+        h = F.hardswish(m64.conv(x.double()))
+        ref = m64.group_norm(h).mean(dim=[2, 3, 4])
+        g = m64.group_norm.num_groups
+        tol = max(TOL, check.normalisation_tol(h.reshape(h.shape[0], g, -1), dims=(2,), k=64.0))
+    return ref, tol
+
+
+def _run(ext, m, x, out=None):
+    gn = m.group_norm
+    return ext.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps, out)
+
+
+# ---------------------------------------------------------------------------------------------- algebra (CPU)
+
+
+def test_mean_of_groupnorm_needs_only_channel_statistics():
+    """mean_DHW(GN(h))[b, c] = γ_c (m_c − μ_g)/√(var_g + ε) + β_c, with group statistics merged exactly from
+    per-channel (mean, M2): within-channel plus between-channel sums of squares."""
+    m = _model(device="cpu").double()
+    x = torch.rand(2, 3, 9, 10, 11, dtype=torch.float64)
+    with torch.no_grad():
+        h = F.hardswish(m.conv(x))
+        ref = m(x)
+    n, c = h.shape[2] * h.shape[3] * h.shape[4], h.shape[1]
+    mc = h.mean(dim=(2, 3, 4))                                     # (N, C)
+    m2c = ((h - mc[..., None, None, None]) ** 2).sum(dim=(2, 3, 4))
+    g = 4
+    mu = mc.view(2, g, c // g).mean(-1)                            # equal counts: the mean of the means
+    m2g = (m2c.view(2, g, -1) + n * (mc.view(2, g, -1) - mu[..., None]) ** 2).sum(-1)
+    var = m2g / (n * c // g)
+    gw, gb = m.group_norm.weight.detach(), m.group_norm.bias.detach()
+    ours = gw * (mc - mu.repeat_interleave(c // g, 1)) / torch.sqrt(var.repeat_interleave(c // g, 1) + 1e-5) + gb
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_hardswish_at_its_boundaries():
+    """x·clamp(x + 3, 0, 6)/6 is 0 at −3 and x at 3, as F.hardswish; the kernel's 6h = x·clamp(x+3, 0, 6)."""
+    x = torch.tensor([-4.0, -3.0, -2.9999, -1.0, 0.0, 2.9999, 3.0, 4.0], dtype=torch.float64)
+    six_h = x * torch.clamp(x + 3, 0, 6)
+    torch.testing.assert_close(six_h / 6, F.hardswish(x), rtol=1e-15, atol=0)
+    assert six_h[1] == 0 and six_h[6] / 6 == 3.0
+
+
+# ---------------------------------------------------------------------------------------------- fused (GPU)
+
+
+@pytest.mark.gpu
+def test_benchmark_shape(ext):
+    m = _model(seed=1)
+    x = P27.inputs(seed=0, batch=128, device="cuda")  # 1/8 of the benchmark batch; scripts/dev_p27.py runs all
+    ref, _ = _reference(m, x)
+    out = check.poisoned(ref.shape, device="cuda")
+    assert _run(ext, m, x, out).data_ptr() == out.data_ptr()
+    check.assert_close(out, ref, TOL, what="P27 (128, 3, 16, 32, 32)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [
+    (1, 3, 16, 32, 32, 16, 4),     # N = 1
+    (2, 3, 9, 17, 23, 16, 4),      # odd D, H, W: WO = 20, partial column blocks
+    (3, 3, 9, 17, 23, 8, 2),       # one channel group of 8
+    (2, 3, 9, 17, 23, 24, 3),      # 24 channels padded to 32
+    (2, 5, 7, 11, 13, 32, 8),      # 5 input channels, 4 channel groups
+    (1, 1, 4, 4, 4, 16, 16),       # a single output position, one channel per group (var = 0)
+    (2, 3, 20, 40, 36, 16, 4),     # the input does not fit: slabs of output depths with a halo
+    (2, 2, 6, 9, 130, 64, 16),     # long rows, 64 channels
+    (2, 3, 5, 8, 8, 128, 32),      # the largest channel count
+    (1, 3, 16, 32, 33, 16, 1),     # W not a multiple of 4 (scalar staging), one group
+])
+def test_matches_float64(ext, shape):
+    n, c_in, d, h, w, c_out, g = shape
+    m = _model(c_in, c_out, g, seed=sum(shape))
+    x = check.rand((n, c_in, d, h, w), seed=sum(shape), device="cuda")
+    ref, tol = _reference(m, x)
+    check.assert_close(_run(ext, m, x, check.poisoned(ref.shape, device="cuda")), ref, tol, what=f"{shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("limit, aligned", [
+    (166912, True),    # an A100's opt-in shared memory: P27 in 2 slabs of 7 and 6 output depths
+    (101376, True),    # sm_86/89: 4 slabs (4, 4, 4, 1)
+    (65536, False),    # a T4: 13 slabs of one output depth, scalar staging (misaligned x)
+])
+def test_depth_slabs_as_on_smaller_gpus(ext, limit, aligned):
+    """P27's exact shape planned for a GPU with less shared memory (smem_limit): the slab path with its halo."""
+    m = _model(seed=8)
+    x = P27.inputs(seed=8, batch=3, device="cuda")
+    if not aligned:  # 4-byte aligned only: the scalar staging path
+        buf = torch.empty(x.numel() + 1, device="cuda")
+        buf[1:] = x.reshape(-1)
+        x = buf[1:].view(x.shape)
+    assert (x.data_ptr() % 16 == 0) == aligned
+    ref, tol = _reference(m, x)
+    out = check.poisoned(ref.shape, device="cuda")
+    gn = m.group_norm
+    ext.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps, out, smem_limit=limit)
+    check.assert_close(out, ref, tol, what=f"P27 with {limit} B of shared memory per block")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shift", [1e1, 1e3, -1e3])
+def test_shifted_inputs(ext, shift):
+    """|mean| ≫ std: E[x²] − E[x]² would cancel; the pivot-shifted sums must not."""
+    m = _model(seed=3)
+    x = P27.inputs(seed=5, batch=8, device="cuda") + shift
+    ref, tol = _reference(m, x)
+    check.assert_close(_run(ext, m, x), ref, tol, what=f"inputs + {shift:g} (tolerance {tol:.1e})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias, affine", [(False, True), (True, False)])
+def test_without_bias_or_affine(ext, bias, affine):
+    m = _model(bias=bias, affine=affine, seed=4)
+    x = P27.inputs(seed=6, batch=3, device="cuda")
+    ref, tol = _reference(m, x)
+    check.assert_close(_run(ext, m, x), ref, tol, what=f"bias={bias} affine={affine}")
+
+
+@pytest.mark.gpu
+def test_misaligned_input_empty_batch_and_side_stream(ext):
+    m = _model(seed=7)
+    base = check.rand((2 * 3 * 16 * 32 * 32 + 1,), seed=7, device="cuda")
+    x = base[1:].view(2, 3, 16, 32, 32)  # 4-byte aligned only: the scalar staging path
+    ref, tol = _reference(m, x)
+    check.assert_close(_run(ext, m, x), ref, tol, what="misaligned x")
+    assert _run(ext, m, x[:0]).shape == (0, 16)
+    side, out = torch.cuda.Stream(), torch.empty(ref.shape, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _run(ext, m, x, out)
+    torch.cuda.synchronize()
+    check.assert_close(out, ref, tol, what="on a side stream")
+
+
+# ---------------------------------------------------------------------------------------------- tail (GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(16, 3, 16, 32, 32, 16, 4), (3, 3, 9, 17, 23, 24, 3), (2, 2, 4, 4, 5, 8, 8)])
+def test_tail_matches_float64(ext, shape):
+    n, c_in, d, h, w, c_out, g = shape
+    m = _model(c_in, c_out, g, seed=sum(shape))
+    x = check.rand((n, c_in, d, h, w), seed=sum(shape), device="cuda")
+    ref, tol = _reference(m, x)
+    with torch.no_grad():
+        y = F.conv3d(x.double(), m.conv.weight.double(), m.conv.bias.double()).float()  # rounded exact conv
+    gn = m.group_norm
+    out = check.poisoned(ref.shape, device="cuda")
+    ext.p27_tail(y, gn.weight, gn.bias, g, gn.eps, out)
+    check.assert_close(out, ref, tol, what=f"tail {shape}")
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call, message", [
+    (lambda e, x, w, b, m: e.p27_forward(x.cpu(), w, b, None, None, 4, 1e-5), "x must be a CUDA tensor"),
+    (lambda e, x, w, b, m: e.p27_forward(x.double(), w, b, None, None, 4, 1e-5), "x must be float32, got float64"),
+    (lambda e, x, w, b, m: e.p27_forward(x.transpose(3, 4), w, b, None, None, 4, 1e-5), "x must be contiguous"),
+    (lambda e, x, w, b, m: e.p27_forward(x[0], w, b, None, None, 4, 1e-5), "x must be 5-D"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w[:, :, :3, :3, :3].contiguous(), b, None, None, 4, 1e-5),
+     "specialised for 4x4x4 filters"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w[:, :2].contiguous(), b, None, None, 4, 1e-5),
+     "conv_weight has 2 input channels but x has 3"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w, b[:3], None, None, 4, 1e-5), r"conv_bias must have shape \[16\]"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w, b, None, None, 5, 1e-5), "multiple of num_groups = 5"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w, b, None, None, 0, 1e-5), "num_groups must be at least 1"),
+    (lambda e, x, w, b, m: e.p27_forward(x, torch.ones(136, 3, 4, 4, 4, device="cuda"), None, None, None, 4, 1e-5),
+     "out_channels must be between 1 and 128"),
+    (lambda e, x, w, b, m: e.p27_forward(x[..., :3].contiguous(), w, b, None, None, 4, 1e-5),
+     "smaller than the 4x4x4 filter"),
+    (lambda e, x, w, b, m: e.p27_forward(torch.ones(1, 3, 5, 400, 400, device="cuda"), w, b, None, None, 4, 1e-5),
+     "bytes of shared memory, more than the"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w, b, None, None, 4, 1e-5, torch.empty(2, 8, device="cuda")),
+     r"out must have shape \[2, 16\]"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w, b, None, None, 4, 1e-5, smem_limit=-1), "smem_limit must be 0"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w, b, None, None, 4, 1e-5, smem_limit=4096),
+     r"bytes of shared memory, more than the 4096 this GPU allows per block \(or smem_limit\)"),
+    (lambda e, x, w, b, m: e.p27_tail(torch.ones(2, 600, 5, device="cuda"), None, None, 4, 1e-5),
+     "channel count must be between 1 and 512"),
+])
+def test_bad_input_is_named(ext, call, message):
+    m = _model(seed=0)
+    x = torch.rand(2, 3, 6, 7, 8, device="cuda")
+    with pytest.raises(RuntimeError, match=message):
+        call(ext, x, m.conv.weight, m.conv.bias, m)
+
+
+@pytest.mark.compile
+def test_bad_input_without_a_gpu(ext):
+    w, b = torch.ones(16, 3, 4, 4, 4), torch.ones(16)
+    with pytest.raises(RuntimeError, match="x must be 5-D"):
+        ext.p27_forward(torch.ones(3, 6, 6, 6), w, b, None, None, 4, 1e-5)
+    with pytest.raises(RuntimeError, match="x must be float32, got float64"):
+        ext.p27_forward(torch.ones(1, 3, 6, 6, 6, dtype=torch.float64), w, b, None, None, 4, 1e-5)
+    with pytest.raises(RuntimeError, match="x must be a CUDA tensor"):
+        ext.p27_forward(torch.ones(1, 3, 6, 6, 6), w, b, None, None, 4, 1e-5)
+    with pytest.raises(RuntimeError, match="y must be a CUDA tensor"):
+        ext.p27_tail(torch.ones(1, 16, 6, 6, 6), None, None, 4, 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- solution file
+
+
+def test_solution_is_generated_from_the_kernels():
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_solutions.py"), "--check"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def _solution_module():
+    spec = importlib.util.spec_from_file_location("p27_solution", SOLUTION)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_solution_has_the_reference_interface(monkeypatch):
+    """Same constructor arguments, submodules and seeded initialisation as the reference (compiling skipped)."""
+    import inspect
+
+    mod = _solution_module()
+    monkeypatch.setattr(mod, "_ext", lambda: None)
+    params = inspect.signature(mod.ModelNew.__init__).parameters
+    assert list(params)[1:] == ["in_channels", "out_channels", "kernel_size", "num_groups", "bias"]
+    assert params["num_groups"].default == 4 and params["bias"].default is True
+    for args in (P27.init_args, (2, 24, 4, 3, False)):
+        torch.manual_seed(0)
+        ref = kb.problems.P27(*args)
+        torch.manual_seed(0)
+        ours = mod.ModelNew(*args)
+        a, b = ref.state_dict(), ours.state_dict()
+        assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.gpu
+def test_solution_passes_kernelbench_check_and_float64():
+    """KernelBench's check: both modules seeded alike, 5 seeded trials of torch.rand, allclose(1e-2, 1e-2)."""
+    mod = _solution_module()
+    torch.manual_seed(42)
+    ref = kb.problems.P27(*P27.init_args).cuda()
+    torch.manual_seed(42)
+    ours = mod.ModelNew(*P27.init_args).cuda()
+    for trial in range(5):
+        torch.manual_seed(trial)
+        x = torch.rand(16, *P27.input_shape[1:], device="cuda")
+        with torch.no_grad():
+            a, b = ref(x), ours(x)
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-2, rtol=1e-2), f"trial {trial}"
+    r64, tol = _reference(ours, x)
+    with torch.no_grad():
+        check.assert_close(ours(x), r64, tol, what="solution vs float64")
