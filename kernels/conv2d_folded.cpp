@@ -83,7 +83,7 @@ torch::Tensor conv2d_folded(const torch::Tensor& x, const torch::Tensor& weight,
              weight.size(2), "x", weight.size(3), " (conv2d_simple takes any size)");
     const int64_t tiles = conv2d_tiled_tiles(x.size(0), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
                                              static_cast<int>(weight.size(0)));
-    KB_CHECK(tiles <= INT_MAX, op, ": the output splits into ", tiles, " tiles, more than the kernel's 2^31 - 1; ",
+    KB_CHECK(tiles <= INT_MAX / 2, op, ": the output splits into ", tiles, " tiles, more than the kernel's 2^30; ",
              "split the batch");
     const c10::cuda::CUDAGuard guard(x.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();

@@ -5,10 +5,11 @@
 // Two versions, the chapter compares them:
 //   conv2d_simple_kernel — one thread per output element, every operand loaded from global memory.
 //   conv2d_tiled_kernel  — register blocking: each thread owns 8 output channels × 4 columns (32
-//                          accumulators), so each input value it loads feeds up to 8·3 FMAs and each
-//                          weight feeds 4; the block stages its input rows and its weights in shared memory.
+//                          accumulators), so each input value it loads feeds up to 2·8 FMAs (12 on
+//                          average) and each weight feeds 4; the block stages its input rows and its weights in shared memory.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -54,7 +55,7 @@ __global__ void conv2d_simple_kernel(const float* __restrict__ x, const float* _
 // channels fit one chunk (P73: 8 input channels), so weights are staged once per block, not per tile.
 // ---------------------------------------------------------------------------------------------------
 // The tile shape can be changed at compile time (-DKB_CONV_ROWS=4 …) to explore it; the defaults are
-// the best of the shapes measured on an H200 for P73 (chapter 2's sweep, notes/conv2d_folded.md).
+// the best spill-free shape measured on an H200 for P73 (chapter 2's sweep, notes/conv2d_folded.md).
 #ifndef KB_CONV_ROWS
 #define KB_CONV_ROWS 1
 #endif
@@ -72,6 +73,7 @@ constexpr int PAIRS = 2;                       // column pairs per lane
 constexpr int TILE_W = 2 * 32 * PAIRS;         // 128 output columns per warp (P73: 126 → one tile per row)
 constexpr int ROWS = KB_CONV_ROWS;             // output rows per block, one warp each per channel group
 constexpr int CO_T = KB_CONV_CO_T;             // output channels per thread (a multiple of 4: float4 weights)
+static_assert(CO_T % 4 == 0, "weights are read as float4: CO_T must be a multiple of 4");
 constexpr int MAX_GROUPS = KB_CONV_GROUPS;     // channel groups per block: CO_T·MAX_GROUPS channels (P73: 64)
 constexpr int CO_B = CO_T * MAX_GROUPS;
 constexpr int CI_CHUNK = 8;                    // input channels staged at a time (P73: all 8)
@@ -103,7 +105,7 @@ conv2d_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, co
     int resident_co_block = -1;
 
     // Tile order: channel block slowest, so consecutive tiles of a block share their weights. The
-    // launcher guarantees fewer than 2^31 tiles (32-bit tile arithmetic keeps registers for the FMAs).
+    // launcher guarantees n_tiles + gridDim.x < 2^31 (32-bit tile arithmetic keeps registers for the FMAs).
     for (int tile = blockIdx.x; tile < s.n_tiles; tile += gridDim.x) {
         int t = tile;
         const int ct = t % s.col_tiles;
@@ -251,11 +253,13 @@ cudaError_t launch_conv2d_tiled(const float* x, const float* w, const float* b, 
     s.y_even = (reinterpret_cast<uintptr_t>(y) & 7) == 0;
 
     // Persistent blocks: as many as fit on the GPU at once (asked once per device and block size).
-    static int resident_cache[64][MAX_GROUPS + 1] = {};
+    // Atomics: two host threads may make the first call at once (the values they store are equal).
+    constexpr int kCachedDevices = 64;
+    static std::atomic<int> resident_cache[kCachedDevices][MAX_GROUPS + 1] = {};
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    int& resident_blocks = resident_cache[device % 64][s.groups];
+    int resident_blocks = device < kCachedDevices ? resident_cache[device][s.groups].load() : 0;
     if (resident_blocks == 0) {
         int sms = 0, per_sm = 0;
         err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -263,7 +267,9 @@ cudaError_t launch_conv2d_tiled(const float* x, const float* w, const float* b, 
             err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, conv2d_tiled_kernel, 32 * ROWS * s.groups, 0);
         if (err != cudaSuccess) return err;
         resident_blocks = sms * (per_sm > 0 ? per_sm : 1);
+        if (device < kCachedDevices) resident_cache[device][s.groups].store(resident_blocks);
     }
+    if (n_tiles + resident_blocks > INT_MAX) return cudaErrorInvalidValue;  // tile += gridDim.x must not overflow
     const int grid = s.n_tiles < resident_blocks ? s.n_tiles : resident_blocks;
     conv2d_tiled_kernel<<<grid, 32 * ROWS * s.groups, 0, stream>>>(x, w, b, y, s);
     return cudaGetLastError();

@@ -58,8 +58,10 @@ def conv2d_folded() -> None:
 
     mod = kb.build.load("conv2d_folded")
     # (N, C_in, H, W, C_out, out offset): a partial column tile and odd widths, C_in over one staged chunk,
-    # partial channel groups, several channel blocks, and a misaligned output (scalar stores).
-    for n, c_in, h, w, c_out, off in [(1, 3, 5, 97, 16, 0), (2, 9, 6, 131, 70, 0), (1, 2, 4, 8, 5, 1)]:
+    # partial channel groups, several channel blocks, a misaligned output (scalar stores), and more tiles than
+    # resident blocks across two channel blocks (a block restages weights while others still read theirs).
+    for n, c_in, h, w, c_out, off in [(1, 3, 5, 97, 16, 0), (2, 9, 6, 131, 70, 0), (1, 2, 4, 8, 5, 1),
+                                       (512, 8, 3, 10, 72, 0)]:
         x = check.rand((n, c_in, h, w), seed=c_in, device="cuda")
         wt = check.rand((c_out, c_in, 3, 3), seed=c_out, device="cuda", low=-1)
         b = check.rand((c_out,), seed=w, device="cuda")

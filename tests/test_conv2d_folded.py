@@ -38,6 +38,7 @@ def _case(n, c_in, h, w, c_out, k=3, seed=0):
     (128, 8, 128, 128, 64),   # P73
     (1, 3, 5, 97, 16), (1, 3, 5, 97, 64), (2, 8, 3, 3, 64), (3, 19, 9, 130, 5),  # odd; C_in over one chunk
     (2, 8, 17, 300, 100), (1, 1, 40, 131, 1), (4, 2, 33, 66, 80),                # several column/channel tiles
+    (512, 8, 3, 10, 72),  # 1024 tiles in 2 channel blocks: persistent blocks move to the next block's weights
 ])
 def test_matches_float64(conv, fn, shape):
     n, c_in, h, w, c_out = shape
