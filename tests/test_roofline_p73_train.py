@@ -1,0 +1,50 @@
+"""Counts of P73's three training-mode strategies (chapter 6): in place, conv twice, and from the input's moments."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernelbook import roofline
+
+
+def test_patch_moments_by_hand():
+    # 1 image, 2 channels, 4×5 plane, 3×3 patches: every value takes part in C_in·k·(2k − 1) = 2·3·5 products
+    c = roofline.patch_moments((1, 2, 4, 5), 3)
+    assert c.macs == 40 * 2 * 3 * 5
+    assert c.flop == 2 * c.macs + 40                   # one add per value for the first moments
+    assert c.read == 4 * 40                            # the input, once
+    assert c.write == 4 * (18 + 18 * 18)               # m and Σ of the 18-value patches
+
+
+def test_p73_moments_counts():
+    m = roofline.patch_moments((128, 8, 128, 128), 3)
+    assert m.macs == 2_013_265_920                     # 24 (i, d1) work items × 40 accumulators per position
+    assert m.read == 67_108_864
+    moments = roofline.p73_fused_train(strategy="moments")
+    conv = roofline.p73_conv()
+    assert moments.flop == conv.flop + m.flop and moments.macs == conv.macs + m.macs
+    assert moments.read - conv.read == 67_108_864 + 4 * 4 * 64 + 8  # the input once more; γ, β, running stats
+    mat = roofline.p73_fused_train(strategy="materialise")
+    rec = roofline.p73_fused_train(strategy="recompute")
+    assert mat.bytes - moments.bytes == 2 * 520_224_768 - 67_108_864 - m.write  # y read + written vs x read again
+    assert rec.flop - moments.flop == conv.flop + 5 * 130_056_192 - m.flop       # a second conv vs the moments
+    assert moments.flop < rec.flop and moments.bytes < mat.bytes
+
+
+def test_strategy_names():
+    assert roofline.P73_TRAIN_STRATEGIES == ("materialise", "recompute", "moments")
+    with pytest.raises(ValueError, match="moments"):
+        roofline.p73_fused_train(strategy="welford")
+
+
+def test_capstone_placer_counts_ours_from_moments():
+    t = {"median": 1.0, "q20": 1.0, "q80": 1.0}
+    rec = {"chapter": "06_capstone_conv_bn_scale", "timings_ms": {v: t for v in (
+        "ours_train", "ours_train_inplace", "solution_train", "compile_train", "compile_train_fp32", "ours_eval")}}
+    placed = roofline.placed(rec)
+    assert placed["ours_train"].counts == placed["solution_train"].counts == roofline.p73_fused_train(
+        strategy="moments")
+    assert placed["ours_train_inplace"].counts == roofline.p73_fused_train(strategy="materialise")
+    assert placed["ours_eval"].counts == roofline.p73_conv()
+    assert placed["compile_train"].math == "tf32" and placed["compile_train_fp32"].math == "fp32"
+    assert placed["ours_train"].math == "fp32"
