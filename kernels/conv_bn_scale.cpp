@@ -2,6 +2,9 @@
 //
 // conv_bn_scale_train follows nn.BatchNorm2d in training mode: it normalises with the batch statistics and
 // updates running_mean / running_var / num_batches_tracked in place (momentum None: cumulative average).
+// strategy "moments" takes the statistics from the input's moments and writes the output once (C_in ≤ 8);
+// "inplace" writes the conv output with its statistics, then normalises it in place; "auto" picks moments
+// where it applies.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
 #include <torch/extension.h>
@@ -11,6 +14,7 @@
 #include <climits>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "torch_checks.h"
@@ -20,6 +24,13 @@ int cbs_kernel_size();
 int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
 cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
 void cbs_config(int* out);
+int cbs_moments_max_channels();
+int64_t cbs_moments_workspace();
+cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                     const float* beta, float* running_mean, float* running_var,
+                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
+                                     float scale, cudaStream_t stream);
 int64_t bn_max_plane();
 cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
                             int W, int C_out, cudaStream_t stream);
@@ -111,8 +122,13 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                                   const std::optional<torch::Tensor>& running_var,
                                   const std::optional<torch::Tensor>& num_batches_tracked,
                                   std::optional<double> momentum, double eps, double scale,
-                                  const std::optional<torch::Tensor>& out) {
+                                  const std::optional<torch::Tensor>& out, const std::string& strategy) {
     constexpr const char* op = "conv_bn_scale_train";
+    KB_CHECK(strategy == "auto" || strategy == "moments" || strategy == "inplace", op,
+             ": strategy must be 'auto', 'moments' or 'inplace', got '", strategy, "'");
+    KB_CHECK(strategy != "moments" || x.dim() != 4 || x.size(1) <= cbs_moments_max_channels(), op,
+             ": the moments strategy supports at most ", cbs_moments_max_channels(), " input channels, got ",
+             x.size(1), " (use strategy='inplace' or 'auto')");
     torch::Tensor y = checked_output(op, x, conv_w, conv_b, out);
     check_channel_vector(op, bn_w, x, y, "bn_w");
     check_channel_vector(op, bn_b, x, y, "bn_b");
@@ -142,15 +158,34 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
              kb::shape_str(y.sizes()));
 
     const c10::cuda::CUDAGuard guard(x.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    const auto fopts = x.options();
+    const int c_in = static_cast<int>(x.size(1));
+    if (strategy == "moments" || (strategy == "auto" && c_in <= cbs_moments_max_channels())) {
+        KB_CHECK((N + 1) / 2 * 2592 / 128 <= INT_MAX, op, ": the batch of ", N,
+                 " samples is too large for the moments strategy's border grid; split the batch");
+        torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
+        torch::Tensor w_fold = torch::empty_like(conv_w);
+        torch::Tensor b_fold = torch::empty({C}, fopts);
+        kb::check_launch(
+            launch_cbs_train_moments(
+                x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b), y.data_ptr<float>(),
+                ptr_or_null(bn_w), ptr_or_null(bn_b), tracking ? running_mean->data_ptr<float>() : nullptr,
+                tracking ? running_var->data_ptr<float>() : nullptr,
+                tracking ? num_batches_tracked->data_ptr<int64_t>() : nullptr, acc.data_ptr<double>(),
+                w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), N, c_in, static_cast<int>(x.size(2)),
+                static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
+                static_cast<float>(eps), static_cast<float>(scale), stream),
+            op);
+        return y;
+    }
     int64_t slots = 0;
     kb::check_cuda(cbs_train_slots(N, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
                                    static_cast<int>(x.size(3)), static_cast<int>(C), &slots),
                    op, "sizing the grid");
-    const auto fopts = x.options();
     torch::Tensor mab = torch::empty({3, C}, fopts);                         // per channel: y ← (y − m)·a + b
     torch::Tensor partial = torch::empty({C * slots * 3}, fopts);            // Welford states (n, mean, M2)
     torch::Tensor arrivals = torch::zeros({1}, fopts.dtype(torch::kInt32));  // blocks done, counted by the kernel
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     kb::check_launch(
         launch_cbs_train(x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b), y.data_ptr<float>(),
                          ptr_or_null(bn_w), ptr_or_null(bn_b), tracking ? running_mean->data_ptr<float>() : nullptr,
@@ -178,7 +213,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "Training-mode BatchNorm2d(conv2d(x, conv_w, conv_b)) * scale (3x3, stride 1, no padding) with batch "
           "statistics; updates the running statistics in place",
           arg("x"), arg("conv_w"), arg("conv_b"), arg("bn_w"), arg("bn_b"), arg("running_mean"), arg("running_var"),
-          arg("num_batches_tracked"), arg("momentum"), arg("eps"), arg("scale"), arg("out") = pybind11::none());
+          arg("num_batches_tracked"), arg("momentum"), arg("eps"), arg("scale"), arg("out") = pybind11::none(),
+          arg("strategy") = "auto");
     m.def("conv_bn_scale_eval", &conv_bn_scale_eval,
           "conv2d(x, folded_w, folded_b), 3x3, stride 1, no padding: eval-mode P73 with BN and the scale folded in",
           arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none());

@@ -14,7 +14,9 @@
 //                           apply arithmetic and grid from bn_train.cu, included below, not copied; its own
 //                           kernel is not used with x == y: it reads through const __restrict__ pointers).
 // Training mode therefore moves the output three times (write, read, write: 3 × 520 MB for P73) against
-// computing the convolution twice (notes/conv_bn_train.md counts both).
+// computing the convolution twice (notes/conv_bn_train.md counts both). The default training strategy
+// avoids both: conv_moments.cuh computes the batch statistics from the input's moments (no convolution, no
+// output), folds them into the weights, and the eval kernel writes the output once (launch_cbs_train_moments).
 //
 // The convolution is chapter 2's tiled kernel (conv2d_folded.cu) taken further:
 //   * RPT output rows per thread (default 2): each staged input row and each weight loaded from shared
@@ -30,6 +32,7 @@
 #include <cstdint>
 
 #include "bn_train.cu"  // chapter 1's Params, apply grid and per-element map (reused, not copied)
+#include "conv_moments.cuh"  // training statistics from the input's moments
 #include "welford.cuh"
 
 #ifndef KB_CBS_RPT
@@ -600,4 +603,64 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
     cudaError_t err = cbs::launch<true>(x, w, b, y, s, st, static_cast<int>(slots / cbs::WROWS), stream);
     if (err != cudaSuccess) return err;
     return cbs::launch_apply_inplace(p, stream);
+}
+
+// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles).
+int cbs_moments_max_channels() { return cbm::CI_MAX; }
+int64_t cbs_moments_workspace() { return cbm::ACC_DOUBLES; }
+
+// Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
+// weights w_fold (C_out·C_in·9) and b_fold (C_out) from three small kernels, then the eval convolution on them.
+// acc: cbs_moments_workspace() doubles of workspace (zeroed here).
+cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                     const float* beta, float* running_mean, float* running_var,
+                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
+                                     float scale, cudaStream_t stream) {
+    using namespace cbm;
+    if (C_in < 1 || C_in > CI_MAX || H < K3 || W < K3 || N < 1 || N > INT_MAX) return cudaErrorInvalidValue;
+    static int resident[64][2] = {};  // per device: {rows per tile, main-kernel blocks} (static: see resident_blocks)
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    int* cfg = resident[device % 64];
+    if (cfg[1] == 0) {
+        int optin = 0, sms = 0, per_sm = 0;
+        err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (err != cudaSuccess) return err;
+        const bool wide = optin >= smem_bytes<16>();
+        err = wide ? cudaFuncSetAttribute(moments_main_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem_bytes<16>())
+                   : cudaFuncSetAttribute(moments_main_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem_bytes<8>());
+        if (err == cudaSuccess)
+            err = wide ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<16>, THREADS,
+                                                                       smem_bytes<16>())
+                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<8>, THREADS,
+                                                                       smem_bytes<8>());
+        if (err != cudaSuccess) return err;
+        cfg[0] = wide ? 16 : 8;
+        cfg[1] = sms * (per_sm > 0 ? per_sm : 1);
+    }
+    const int band = cfg[0];
+    MShape s{static_cast<int>(N), C_in, H, W, (H + band - 1) / band, (W + TCOLS - 1) / TCOLS, 0};
+    s.tiles = N * s.row_tiles * s.col_tiles;
+    err = cudaMemsetAsync(acc, 0, sizeof(double) * ACC_DOUBLES, stream);
+    if (err != cudaSuccess) return err;
+    const int grid = static_cast<int>(s.tiles < cfg[1] ? s.tiles : cfg[1]);
+    if (band == 16)
+        moments_main_kernel<16><<<grid, THREADS, smem_bytes<16>(), stream>>>(x, s, acc);
+    else
+        moments_main_kernel<8><<<grid, THREADS, smem_bytes<8>(), stream>>>(x, s, acc);
+    const int64_t border_threads = (N + B_CHUNK - 1) / B_CHUNK * B_PER_CHUNK;
+    if ((border_threads + B_THREADS - 1) / B_THREADS > INT_MAX) return cudaErrorInvalidValue;
+    moments_border_kernel<<<static_cast<unsigned>((border_threads + B_THREADS - 1) / B_THREADS), B_THREADS, 0,
+                            stream>>>(x, s, acc);
+    const Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold, C_out,
+                     momentum, eps, scale};
+    moments_finalize_kernel<<<1, F_THREADS, 0, stream>>>(x, s, acc, f);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    return launch_cbs_eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, stream);
 }

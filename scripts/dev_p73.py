@@ -168,7 +168,8 @@ def main() -> int:
                 xs = check.rand((n, c_in, h, w), seed=step, device="cuda")
                 c, b = ours["conv"], ours["bn"]
                 y = mod.conv_bn_scale_train(xs, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
-                                            b.num_batches_tracked, None, b.eps, 2.0)
+                                            b.num_batches_tracked, None, b.eps, 2.0,
+                                            strategy="inplace" if step == 1 else "auto")
                 with torch.no_grad():
                     y_ref = r64["bn"](r64["conv"](xs.double())) * 2.0
                 check.assert_close(y, y_ref, 1e-4, what=f"{name} train {n, c_in, h, w, c_out} step {step}")
@@ -194,6 +195,21 @@ def main() -> int:
         mod.conv_bn_scale_eval(x, wf32, bf32, out)
         info["eval_err"] = check.assert_close(out, y64_eval, 1e-5, what=f"{name} P73 eval")["rel_err"]
         T[f"ours_train[{name}]"] = bench(run_tr, f"ours_train[{name}]")
+        m2 = copy.deepcopy(model)
+        run_ip = lambda: mod.conv_bn_scale_train(x, m2.conv.weight, m2.conv.bias, m2.bn.weight, m2.bn.bias,  # noqa: E731
+                                                 m2.bn.running_mean, m2.bn.running_var, m2.bn.num_batches_tracked,
+                                                 0.1, m2.bn.eps, 2.0, out, strategy="inplace")
+        run_ip()
+        info["train_inplace_err"] = check.assert_close(out, y64_train, 1e-5,
+                                                       what=f"{name} P73 train inplace")["rel_err"]
+        T[f"ours_train_inplace[{name}]"] = bench(run_ip, f"ours_train_inplace[{name}]")
+        if name == variants[0]:
+            try:
+                tab = kb.profile.kernels({"moments": run_tr, "inplace": run_ip}, CHAPTER, repeat=5)
+                print(tab.to_string(), flush=True)
+                results["kernels"] = tab.to_dict(orient="records")
+            except Exception as e:  # noqa: BLE001
+                print("profile failed:", e)
         T[f"ours_eval[{name}]"] = bench(lambda: mod.conv_bn_scale_eval(x, wf32, bf32, out), f"ours_eval[{name}]")
         info["train_minus_eval_ms"] = T[f"ours_train[{name}]"]["median"] - T[f"ours_eval[{name}]"]["median"]
         results["variants"][name] = info
@@ -215,8 +231,10 @@ def main() -> int:
                 torch.manual_seed(trial)
                 xt = torch.rand(prob.input_shape, device="cuda")
                 assert torch.allclose(new(xt), ref(xt), atol=1e-2, rtol=1e-2), f"solution: trial {trial}"
-            E["solution_train"] = err(new(x), y64_train)
             T["solution_train"] = bench(lambda: new(x), "solution_train")
+            new.load_state_dict(model.state_dict())  # y64_train's weights (the seeded module's are others)
+            new.train()
+            E["solution_train"] = err(new(x), y64_train)
             new.load_state_dict(m_eval.state_dict())
             new.eval()
             E["solution_eval"] = err(new(x), y64_eval)

@@ -33,7 +33,9 @@ CUDA_SRC = r"""
 //                           apply arithmetic and grid from bn_train.cu, included below, not copied; its own
 //                           kernel is not used with x == y: it reads through const __restrict__ pointers).
 // Training mode therefore moves the output three times (write, read, write: 3 × 520 MB for P73) against
-// computing the convolution twice (notes/conv_bn_train.md counts both).
+// computing the convolution twice (notes/conv_bn_train.md counts both). The default training strategy
+// avoids both: conv_moments.cuh computes the batch statistics from the input's moments (no convolution, no
+// output), folds them into the weights, and the eval kernel writes the output once (launch_cbs_train_moments).
 //
 // The convolution is chapter 2's tiled kernel (conv2d_folded.cu) taken further:
 //   * RPT output rows per thread (default 2): each staged input row and each weight loaded from shared
@@ -388,6 +390,343 @@ cudaError_t launch_bn_scale_eval(const float* x, float* y, const float* weight, 
     return launch_apply(p, /*eval=*/true, stream);
 }
 // ---- end bn_train.cu ----
+// ---- begin conv_moments.cuh ----
+// conv_moments.cuh — training-mode BatchNorm statistics of a 3×3 convolution's output, from the input's moments.
+//
+// The output of a convolution is linear in the input patches: y_c(p) = w_c · P(p) + bias_c, where P(p) holds the
+// K = C_in·3·3 input values under the filter at output position p. Over the N·HO·WO positions its mean and
+// (biased) variance are therefore a linear and a quadratic form in the patches' mean m and covariance Σ:
+//     mean_c = w_c · m + bias_c,        var_c = w_cᵀ Σ w_c.
+// m (K values) and Σ (K×K) come from the input alone, so the statistics need no convolution and no output.
+//
+// Σ[(i,a),(j,b)] = Σ_p x_i(p+a)·x_j(p+b) depends on the offsets a, b ∈ [0,3)² only through the lag d = b − a,
+// except near the border: with q = p + a it is the sum of Z(q) = x_i(q)·x_j(q+d) over the window
+// [a1, a1+HO) × [a2, a2+WO), which is the whole image minus at most two rows and two columns. So
+//   * the main kernel sums Z over the whole image, once per (i, j, d): 8·8·15 lags (d1 ∈ [0,2], d2 ∈ [−2,2];
+//     d1 < 0 follows from symmetry) instead of 72·72 patch products per position;
+//   * the border kernel sums Z along rows {0, 1, H−2, H−1} and columns {0, 1, W−2, W−1}, and the 16 corners;
+//   * the finalize kernel forms each window's sum by inclusion–exclusion, then m, Σ (in double), mean_c and
+//     var_c, updates the running statistics as nn.BatchNorm2d does, and folds BN and the scale into the weights:
+//     w'_c = w_c·γ_c·s/√(var_c+ε), b'_c = (bias_c − mean_c)·γ_c·s/√(var_c+ε) + β_c·s.
+// The convolution then runs once, on w', b' (the eval kernel), and writes the final output.
+//
+// Numerics (chapter 5): the covariance is invariant to shifting each input channel, so every value is read as
+// x − x[0, i, 0, 0] (a per-channel pivot) before it is multiplied; the first moments use a constant channel 1
+// (index CI_MAX) on the same machinery. Products are summed in fp32 over one tile (≤ 16·8 per lane, then 16
+// lanes), and the tiles' sums in double. What this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is
+// nearly orthogonal to the input's variation (a difference filter on smooth inputs); then the in-place
+// strategy, which reduces the output itself, is the safe one.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cbm {
+
+constexpr int K3 = 3;
+constexpr int CI_MAX = 8;                      // input channels supported (accumulators per thread: CI_MAX × ND)
+constexpr int NJ = CI_MAX + 1;                 // partner channels: the inputs, and the constant 1 (index CI_MAX)
+constexpr int ND = 5;                          // column lags d2 = −2..2
+constexpr int D1 = 3;                          // row lags d1 = 0..2 (negative ones by symmetry)
+constexpr int COMBOS = CI_MAX * NJ * D1 * ND;  // 1,080 (i, j, d1, d2)
+constexpr int SLOTS = 25;                      // per combo: image total, 4 border rows, 4 border columns, 4×4 corners
+constexpr int ACC_DOUBLES = COMBOS * SLOTS;    // 27,000 doubles (216 KB) of workspace
+constexpr int KMAX = CI_MAX * K3 * K3;         // 72 patch values
+
+// Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, d1) is half a warp, each lane
+// a strip of STRIP columns; 24 items = 384 threads.
+constexpr int STRIP = 8;
+constexpr int LANES = 16;
+constexpr int TCOLS = STRIP * LANES;           // 128
+constexpr int ITEMS = CI_MAX * D1;             // 24
+constexpr int THREADS = ITEMS * LANES;         // 384
+constexpr int COLS = TCOLS + 8;                // staged columns c0−4 .. c0+131 (lags reach ±2, float4 granules)
+constexpr int PITCH = COLS + 4 * ((COLS + 31) / 32);  // 156: 4 floats of padding after every 32 columns
+static_assert(THREADS % TCOLS == 0, "staging runs THREADS / TCOLS rows at a time");
+// Rows per tile: 16 where 89,856 B of shared memory fit a block (sm_80, sm_86+, sm_90), 8 (49,920 B) on sm_75.
+// Each tile ends with a 16-lane reduction and atomics: 16 rows halve that overhead.
+template <int BAND>
+constexpr int smem_bytes() { return CI_MAX * (BAND + D1 - 1) * PITCH * 4; }
+static_assert(PITCH % 4 == 0, "float4 reads need a pitch that is a multiple of 4");
+
+// Staged column cc (0 = image column c0−4) → its float offset in a row. A lane reads its 8 (xi) or 16 (xj)
+// consecutive columns as float4s; without the padding lanes 0 and 4 of a quarter-warp would hit the same banks.
+__device__ __forceinline__ int spos(int cc) { return cc + 4 * (cc >> 5); }
+
+__device__ __forceinline__ int combo(int i, int j, int d1, int d2i) { return ((i * NJ + j) * D1 + d1) * ND + d2i; }
+
+struct MShape {
+    int N, C, H, W;        // input (N, C, H, W), C ≤ CI_MAX
+    int row_tiles, col_tiles;
+    int64_t tiles;         // N · row_tiles · col_tiles
+};
+
+__device__ __forceinline__ float pivot(const float* __restrict__ x, const MShape& s, int ch) {
+    return __ldg(x + static_cast<int64_t>(ch) * s.H * s.W);  // x[0, ch, 0, 0]
+}
+
+// Σ_q Z(q) over the whole image for every (i, j < C, d1, d2) and, for d1 = 0, Σ_q x_i(q): acc[combo·SLOTS].
+template <int BAND>
+__global__ void __launch_bounds__(THREADS, 2)
+moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ acc) {
+    extern __shared__ float4 smem4[];
+    float* sm = reinterpret_cast<float*>(smem4);
+    __shared__ float piv[CI_MAX];
+    if (threadIdx.x < CI_MAX) piv[threadIdx.x] = threadIdx.x < s.C ? pivot(x, s, threadIdx.x) : 0.f;
+    const int item = threadIdx.x / LANES, lane = threadIdx.x % LANES;
+    const int i = item / D1, d1 = item % D1;
+    const bool active = i < s.C;
+    constexpr int SROWS = BAND + D1 - 1;  // staged rows r0 .. r0+BAND+1
+    const int per_sample = s.row_tiles * s.col_tiles;
+
+    for (int64_t tile = blockIdx.x; tile < s.tiles; tile += gridDim.x) {
+        const int n = static_cast<int>(tile / per_sample);
+        const int rest = static_cast<int>(tile % per_sample);
+        const int r0 = (rest / s.col_tiles) * BAND, c0 = (rest % s.col_tiles) * TCOLS;
+        __syncthreads();  // the previous tile's reads are done (and piv is written)
+        // Stage rows r0 .. r0+SROWS−1 of every channel, columns c0−4 .. c0+131: 3 rows at a time, a thread per
+        // column (128 threads per row; 8 columns take a second pass).
+#pragma unroll 4
+        for (int rw = threadIdx.x / TCOLS; rw < s.C * SROWS; rw += THREADS / TCOLS) {
+            const int ch = rw / SROWS, rr = rw % SROWS, r = r0 + rr;
+            const float* src = x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + (r < s.H ? r : 0)) * s.W;
+            float* dst = sm + (ch * SROWS + rr) * PITCH;
+            for (int cc = threadIdx.x % TCOLS; cc < COLS; cc += TCOLS) {
+                const int c = c0 - 4 + cc;
+                // zero outside the image: a product with a missing neighbour adds nothing
+                dst[spos(cc)] = r < s.H && c >= 0 && c < s.W ? __ldg(src + c) - piv[ch] : 0.f;
+            }
+        }
+        __syncthreads();
+
+        float a[CI_MAX][ND];
+#pragma unroll
+        for (int j = 0; j < CI_MAX; ++j)
+#pragma unroll
+            for (int d = 0; d < ND; ++d) a[j][d] = 0.f;
+        float a1 = 0.f;  // Σ x_i (first moments), items with d1 = 0
+        if (active) {
+            const int rows = min(BAND, s.H - r0);
+            for (int rr = 0; rr < rows; ++rr) {
+                const float* pi = sm + (i * SROWS + rr) * PITCH;
+                const float4 u0 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 4));
+                const float4 u1 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 8));
+                const float xi[STRIP] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+                if (d1 == 0) a1 += ((xi[0] + xi[1]) + (xi[2] + xi[3])) + ((xi[4] + xi[5]) + (xi[6] + xi[7]));
+#pragma unroll
+                for (int j = 0; j < CI_MAX; ++j) {
+                    if (j >= s.C) break;
+                    const float* pj = sm + (j * SROWS + rr + d1) * PITCH;
+                    float xj[16];  // columns c0 + lane·8 − 4 .. + 11
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        const float4 v = *reinterpret_cast<const float4*>(pj + spos(lane * STRIP + 4 * k));
+                        xj[4 * k] = v.x; xj[4 * k + 1] = v.y; xj[4 * k + 2] = v.z; xj[4 * k + 3] = v.w;
+                    }
+#pragma unroll
+                    for (int d = 0; d < ND; ++d)
+#pragma unroll
+                        for (int t = 0; t < STRIP; ++t) a[j][d] = fmaf(xi[t], xj[t + d + 2], a[j][d]);
+                }
+            }
+        }
+        // Sum over the 16 lanes of each item (xor offsets < 16 stay inside the half-warp; every lane takes part).
+#pragma unroll
+        for (int j = 0; j < CI_MAX; ++j)
+#pragma unroll
+            for (int d = 0; d < ND; ++d)
+#pragma unroll
+                for (int o = LANES / 2; o > 0; o >>= 1) a[j][d] += __shfl_xor_sync(0xffffffffu, a[j][d], o);
+#pragma unroll
+        for (int o = LANES / 2; o > 0; o >>= 1) a1 += __shfl_xor_sync(0xffffffffu, a1, o);
+        if (active && lane == 0) {
+#pragma unroll
+            for (int j = 0; j < CI_MAX; ++j) {
+                if (j >= s.C) break;
+#pragma unroll
+                for (int d = 0; d < ND; ++d) atomicAdd(acc + combo(i, j, d1, d) * SLOTS, static_cast<double>(a[j][d]));
+            }
+            if (d1 == 0) atomicAdd(acc + combo(i, CI_MAX, 0, 2) * SLOTS, static_cast<double>(a1));
+        }
+    }
+}
+
+// The border terms. One thread per (sample chunk, i, j, d1, line): lines 0–3 are the rows {0, 1, H−2, H−1}
+// (Σ over all columns), lines 4–7 the columns {0, 1, W−2, W−1} (Σ over all rows), lines 8–11 the corners of
+// rows 0–3 with those four columns.
+constexpr int LINES = 12;
+constexpr int B_CHUNK = 2;       // samples per thread
+constexpr int B_THREADS = 128;
+constexpr int B_PER_CHUNK = LINES * D1 * NJ * CI_MAX;  // 2,592 threads per chunk of samples
+
+__device__ __forceinline__ float xval(const float* __restrict__ x, const MShape& s, int n, int ch, int r, int c,
+                                      float piv) {
+    if (r < 0 || r >= s.H || c < 0 || c >= s.W) return 0.f;
+    if (ch == CI_MAX) return 1.f;
+    return __ldg(x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c) - piv;
+}
+
+__device__ __forceinline__ int row_slot(const MShape& s, int k) { return k < 2 ? k : s.H - 4 + k; }
+__device__ __forceinline__ int col_slot(const MShape& s, int k) { return k < 2 ? k : s.W - 4 + k; }
+
+__global__ void __launch_bounds__(B_THREADS) moments_border_kernel(const float* __restrict__ x, MShape s,
+                                                                   double* __restrict__ acc) {
+    int64_t t = static_cast<int64_t>(blockIdx.x) * B_THREADS + threadIdx.x;
+    const int line = static_cast<int>(t % LINES); t /= LINES;
+    const int d1 = static_cast<int>(t % D1); t /= D1;
+    const int j = static_cast<int>(t % NJ); t /= NJ;
+    const int i = static_cast<int>(t % CI_MAX);
+    const int64_t n0 = (t / CI_MAX) * B_CHUNK;
+    if (n0 >= s.N || i >= s.C || (j >= s.C && j != CI_MAX) || (j == CI_MAX && d1 != 0)) return;
+    const int n1 = static_cast<int>(min(static_cast<int64_t>(s.N), n0 + B_CHUNK));
+    const float pi = pivot(x, s, i), pj = j == CI_MAX ? 0.f : pivot(x, s, j);
+    if (line >= 8) {  // corners: Z(r, c) for row slot line − 8 and the four column slots
+        const int r = row_slot(s, line - 8);
+        for (int k = 0; k < 4; ++k) {
+            const int c = col_slot(s, k);
+            float z[ND] = {0.f, 0.f, 0.f, 0.f, 0.f};
+            for (int n = static_cast<int>(n0); n < n1; ++n) {
+                const float xi = xval(x, s, n, i, r, c, pi);
+#pragma unroll
+                for (int d = 0; d < ND; ++d) z[d] = fmaf(xi, xval(x, s, n, j, r + d1, c + d - 2, pj), z[d]);
+            }
+#pragma unroll
+            for (int d = 0; d < ND; ++d)
+                atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 9 + (line - 8) * 4 + k, static_cast<double>(z[d]));
+        }
+        return;
+    }
+    float sum[ND] = {0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int n = static_cast<int>(n0); n < n1; ++n) {
+        if (line < 4) {
+            const int r = row_slot(s, line);
+            float win[ND];  // x_j(r + d1, c − 2 .. c + 2), slid along the row
+#pragma unroll
+            for (int d = 0; d < ND; ++d) win[d] = xval(x, s, n, j, r + d1, d - 2, pj);
+            for (int c = 0; c < s.W; ++c) {
+                const float xi = xval(x, s, n, i, r, c, pi);
+#pragma unroll
+                for (int d = 0; d < ND; ++d) sum[d] = fmaf(xi, win[d], sum[d]);
+#pragma unroll
+                for (int d = 0; d < ND - 1; ++d) win[d] = win[d + 1];
+                win[ND - 1] = xval(x, s, n, j, r + d1, c + 3, pj);
+            }
+        } else {
+            const int c = col_slot(s, line - 4);
+            for (int r = 0; r < s.H; ++r) {
+                const float xi = xval(x, s, n, i, r, c, pi);
+#pragma unroll
+                for (int d = 0; d < ND; ++d) sum[d] = fmaf(xi, xval(x, s, n, j, r + d1, c + d - 2, pj), sum[d]);
+            }
+        }
+    }
+#pragma unroll
+    for (int d = 0; d < ND; ++d)  // rows: slots 1–4, columns: slots 5–8
+        atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 1 + line, static_cast<double>(sum[d]));
+}
+
+// Σ of Z over the window [a1, a1+HO) × [a2, a2+WO): the image minus the two rows and two columns outside it,
+// plus the four corners subtracted twice. Outside rows by window: a1 = 0 → {H−2, H−1} (slots 2, 3),
+// a1 = 1 → {0, H−1} (0, 3), a1 = 2 → {0, 1} (0, 1); columns alike.
+__device__ __forceinline__ double window_sum(const double* __restrict__ acc, int cmb, int a1, int a2) {
+    const double* p = acc + cmb * SLOTS;
+    const int ra = a1 == 0 ? 2 : 0, rb = a1 == 2 ? 1 : 3;
+    const int ca = a2 == 0 ? 2 : 0, cb = a2 == 2 ? 1 : 3;
+    return p[0] - p[1 + ra] - p[1 + rb] - p[5 + ca] - p[5 + cb] + p[9 + ra * 4 + ca] + p[9 + ra * 4 + cb] +
+           p[9 + rb * 4 + ca] + p[9 + rb * 4 + cb];
+}
+
+struct Finalize {
+    const float* w;        // conv weight (C_out, C, 3, 3)
+    const float* bias;     // conv bias or null
+    const float* gamma;    // BN weight or null
+    const float* beta;     // BN bias or null
+    float* running_mean;   // null when not tracking
+    float* running_var;
+    int64_t* num_batches_tracked;
+    float* w_fold;         // out: (C_out, C, 3, 3)
+    float* b_fold;         // out: (C_out)
+    int C_out;
+    float momentum;        // < 0: None (cumulative average)
+    float eps, scale;
+};
+
+constexpr int F_THREADS = 512;
+
+// One block: patch moments (double, in shared memory), then one warp per output channel.
+__global__ void __launch_bounds__(F_THREADS) moments_finalize_kernel(const float* __restrict__ x, MShape s,
+                                                                     const double* __restrict__ acc, Finalize f) {
+    __shared__ double cov[KMAX * KMAX];  // 41,472 B
+    __shared__ double mean[KMAX];
+    __shared__ float factor;
+    const int K = s.C * K3 * K3;
+    const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
+    if (threadIdx.x == 0) {  // the running-average weight, read before num_batches_tracked is counted
+        float m = f.momentum;
+        if (m < 0.f && f.num_batches_tracked) m = 1.f / static_cast<float>(*f.num_batches_tracked + 1);
+        factor = m;
+    }
+    for (int u = threadIdx.x; u < K; u += F_THREADS) {
+        const int i = u / 9, a1 = u % 9 / 3, a2 = u % 3;
+        mean[u] = window_sum(acc, combo(i, CI_MAX, 0, 2), a1, a2) / M;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < K * K; e += F_THREADS) {
+        const int u = e / K, v = e % K;
+        const int i = u / 9, a1 = u % 9 / 3, a2 = u % 3;
+        const int j = v / 9, b1 = v % 9 / 3, b2 = v % 3;
+        const int d1 = b1 - a1, d2 = b2 - a2;
+        const double sxy = d1 >= 0 ? window_sum(acc, combo(i, j, d1, d2 + 2), a1, a2)
+                                   : window_sum(acc, combo(j, i, -d1, -d2 + 2), b1, b2);
+        cov[e] = sxy / M - mean[u] * mean[v];
+    }
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int c = warp; c < f.C_out; c += F_THREADS / 32) {
+        const float* wc = f.w + static_cast<int64_t>(c) * K;
+        double wv[3], part[3] = {0.0, 0.0, 0.0};
+#pragma unroll
+        for (int k = 0; k < 3; ++k) wv[k] = lane + 32 * k < K ? wc[lane + 32 * k] : 0.0;
+        for (int u = 0; u < K; ++u) {  // (Σ w_u cov[u, v]) for this lane's v
+            const double wu = wc[u];
+#pragma unroll
+            for (int k = 0; k < 3; ++k)
+                if (lane + 32 * k < K) part[k] = fma(wu, cov[u * K + lane + 32 * k], part[k]);
+        }
+        double var = 0.0, mu = 0.0;
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            const int v = lane + 32 * k;
+            if (v < K) {
+                var = fma(wv[k], part[k], var);
+                mu = fma(wv[k], mean[v] + pivot(x, s, v / 9), mu);  // undo the shift: E[x] = E[x − pivot] + pivot
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            var += __shfl_xor_sync(0xffffffffu, var, o);
+            mu += __shfl_xor_sync(0xffffffffu, mu, o);
+        }
+        var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
+        if (f.bias) mu += f.bias[c];
+        const double g = f.gamma ? f.gamma[c] : 1.0, bt = f.beta ? f.beta[c] : 0.0;
+        const double a = g * f.scale / sqrt(var + f.eps);
+        for (int v = lane; v < K; v += 32) f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
+        if (lane == 0) {
+            f.b_fold[c] = static_cast<float>(((f.bias ? f.bias[c] : 0.0) - mu) * a + bt * f.scale);
+            if (f.running_mean) {
+                const double m = factor;
+                f.running_mean[c] = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
+                f.running_var[c] = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
+            }
+        }
+    }
+    __syncthreads();  // every warp has read factor (and so num_batches_tracked) before it is counted
+    if (threadIdx.x == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;
+}
+
+}  // namespace cbm
+// ---- end conv_moments.cuh ----
 
 #ifndef KB_CBS_RPT
 #define KB_CBS_RPT 2
@@ -958,6 +1297,66 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
     if (err != cudaSuccess) return err;
     return cbs::launch_apply_inplace(p, stream);
 }
+
+// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles).
+int cbs_moments_max_channels() { return cbm::CI_MAX; }
+int64_t cbs_moments_workspace() { return cbm::ACC_DOUBLES; }
+
+// Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
+// weights w_fold (C_out·C_in·9) and b_fold (C_out) from three small kernels, then the eval convolution on them.
+// acc: cbs_moments_workspace() doubles of workspace (zeroed here).
+cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                     const float* beta, float* running_mean, float* running_var,
+                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
+                                     float scale, cudaStream_t stream) {
+    using namespace cbm;
+    if (C_in < 1 || C_in > CI_MAX || H < K3 || W < K3 || N < 1 || N > INT_MAX) return cudaErrorInvalidValue;
+    static int resident[64][2] = {};  // per device: {rows per tile, main-kernel blocks} (static: see resident_blocks)
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    int* cfg = resident[device % 64];
+    if (cfg[1] == 0) {
+        int optin = 0, sms = 0, per_sm = 0;
+        err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (err != cudaSuccess) return err;
+        const bool wide = optin >= smem_bytes<16>();
+        err = wide ? cudaFuncSetAttribute(moments_main_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem_bytes<16>())
+                   : cudaFuncSetAttribute(moments_main_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem_bytes<8>());
+        if (err == cudaSuccess)
+            err = wide ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<16>, THREADS,
+                                                                       smem_bytes<16>())
+                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<8>, THREADS,
+                                                                       smem_bytes<8>());
+        if (err != cudaSuccess) return err;
+        cfg[0] = wide ? 16 : 8;
+        cfg[1] = sms * (per_sm > 0 ? per_sm : 1);
+    }
+    const int band = cfg[0];
+    MShape s{static_cast<int>(N), C_in, H, W, (H + band - 1) / band, (W + TCOLS - 1) / TCOLS, 0};
+    s.tiles = N * s.row_tiles * s.col_tiles;
+    err = cudaMemsetAsync(acc, 0, sizeof(double) * ACC_DOUBLES, stream);
+    if (err != cudaSuccess) return err;
+    const int grid = static_cast<int>(s.tiles < cfg[1] ? s.tiles : cfg[1]);
+    if (band == 16)
+        moments_main_kernel<16><<<grid, THREADS, smem_bytes<16>(), stream>>>(x, s, acc);
+    else
+        moments_main_kernel<8><<<grid, THREADS, smem_bytes<8>(), stream>>>(x, s, acc);
+    const int64_t border_threads = (N + B_CHUNK - 1) / B_CHUNK * B_PER_CHUNK;
+    if ((border_threads + B_THREADS - 1) / B_THREADS > INT_MAX) return cudaErrorInvalidValue;
+    moments_border_kernel<<<static_cast<unsigned>((border_threads + B_THREADS - 1) / B_THREADS), B_THREADS, 0,
+                            stream>>>(x, s, acc);
+    const Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold, C_out,
+                     momentum, eps, scale};
+    moments_finalize_kernel<<<1, F_THREADS, 0, stream>>>(x, s, acc, f);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    return launch_cbs_eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, stream);
+}
 """
 
 CPP_SRC = r"""
@@ -965,6 +1364,9 @@ CPP_SRC = r"""
 //
 // conv_bn_scale_train follows nn.BatchNorm2d in training mode: it normalises with the batch statistics and
 // updates running_mean / running_var / num_batches_tracked in place (momentum None: cumulative average).
+// strategy "moments" takes the statistics from the input's moments and writes the output once (C_in ≤ 8);
+// "inplace" writes the conv output with its statistics, then normalises it in place; "auto" picks moments
+// where it applies.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
 #include <torch/extension.h>
@@ -974,6 +1376,7 @@ CPP_SRC = r"""
 #include <climits>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 // ---- begin torch_checks.h ----
@@ -1081,6 +1484,13 @@ int cbs_kernel_size();
 int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
 cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
 void cbs_config(int* out);
+int cbs_moments_max_channels();
+int64_t cbs_moments_workspace();
+cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                     const float* beta, float* running_mean, float* running_var,
+                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
+                                     float scale, cudaStream_t stream);
 int64_t bn_max_plane();
 cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
                             int W, int C_out, cudaStream_t stream);
@@ -1172,8 +1582,13 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                                   const std::optional<torch::Tensor>& running_var,
                                   const std::optional<torch::Tensor>& num_batches_tracked,
                                   std::optional<double> momentum, double eps, double scale,
-                                  const std::optional<torch::Tensor>& out) {
+                                  const std::optional<torch::Tensor>& out, const std::string& strategy) {
     constexpr const char* op = "conv_bn_scale_train";
+    KB_CHECK(strategy == "auto" || strategy == "moments" || strategy == "inplace", op,
+             ": strategy must be 'auto', 'moments' or 'inplace', got '", strategy, "'");
+    KB_CHECK(strategy != "moments" || x.dim() != 4 || x.size(1) <= cbs_moments_max_channels(), op,
+             ": the moments strategy supports at most ", cbs_moments_max_channels(), " input channels, got ",
+             x.size(1), " (use strategy='inplace' or 'auto')");
     torch::Tensor y = checked_output(op, x, conv_w, conv_b, out);
     check_channel_vector(op, bn_w, x, y, "bn_w");
     check_channel_vector(op, bn_b, x, y, "bn_b");
@@ -1203,15 +1618,34 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
              kb::shape_str(y.sizes()));
 
     const c10::cuda::CUDAGuard guard(x.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    const auto fopts = x.options();
+    const int c_in = static_cast<int>(x.size(1));
+    if (strategy == "moments" || (strategy == "auto" && c_in <= cbs_moments_max_channels())) {
+        KB_CHECK((N + 1) / 2 * 2592 / 128 <= INT_MAX, op, ": the batch of ", N,
+                 " samples is too large for the moments strategy's border grid; split the batch");
+        torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
+        torch::Tensor w_fold = torch::empty_like(conv_w);
+        torch::Tensor b_fold = torch::empty({C}, fopts);
+        kb::check_launch(
+            launch_cbs_train_moments(
+                x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b), y.data_ptr<float>(),
+                ptr_or_null(bn_w), ptr_or_null(bn_b), tracking ? running_mean->data_ptr<float>() : nullptr,
+                tracking ? running_var->data_ptr<float>() : nullptr,
+                tracking ? num_batches_tracked->data_ptr<int64_t>() : nullptr, acc.data_ptr<double>(),
+                w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), N, c_in, static_cast<int>(x.size(2)),
+                static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
+                static_cast<float>(eps), static_cast<float>(scale), stream),
+            op);
+        return y;
+    }
     int64_t slots = 0;
     kb::check_cuda(cbs_train_slots(N, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
                                    static_cast<int>(x.size(3)), static_cast<int>(C), &slots),
                    op, "sizing the grid");
-    const auto fopts = x.options();
     torch::Tensor mab = torch::empty({3, C}, fopts);                         // per channel: y ← (y − m)·a + b
     torch::Tensor partial = torch::empty({C * slots * 3}, fopts);            // Welford states (n, mean, M2)
     torch::Tensor arrivals = torch::zeros({1}, fopts.dtype(torch::kInt32));  // blocks done, counted by the kernel
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     kb::check_launch(
         launch_cbs_train(x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b), y.data_ptr<float>(),
                          ptr_or_null(bn_w), ptr_or_null(bn_b), tracking ? running_mean->data_ptr<float>() : nullptr,
@@ -1239,7 +1673,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "Training-mode BatchNorm2d(conv2d(x, conv_w, conv_b)) * scale (3x3, stride 1, no padding) with batch "
           "statistics; updates the running statistics in place",
           arg("x"), arg("conv_w"), arg("conv_b"), arg("bn_w"), arg("bn_b"), arg("running_mean"), arg("running_var"),
-          arg("num_batches_tracked"), arg("momentum"), arg("eps"), arg("scale"), arg("out") = pybind11::none());
+          arg("num_batches_tracked"), arg("momentum"), arg("eps"), arg("scale"), arg("out") = pybind11::none(),
+          arg("strategy") = "auto");
     m.def("conv_bn_scale_eval", &conv_bn_scale_eval,
           "conv2d(x, folded_w, folded_b), 3x3, stride 1, no padding: eval-mode P73 with BN and the scale folded in",
           arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none());
@@ -1256,7 +1691,7 @@ def _ext():
     global _EXT
     if _EXT is None:
         _EXT = load_inline(
-            name="p73_conv_bn_scale_7bbda9207699",
+            name="p73_conv_bn_scale_2dcbb44892d4",
             cpp_sources=[CPP_SRC],
             cuda_sources=[CUDA_SRC],
             extra_cflags=["-O3"],

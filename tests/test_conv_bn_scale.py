@@ -54,10 +54,10 @@ def train_tol(x: torch.Tensor, conv: nn.Conv2d) -> float:
     return check.normalisation_tol(ref, (0, 2, 3)) + t_conv * (1.0 + float((mu.abs() / sd).max()))
 
 
-def run_train(cbs, ours, x, momentum, out=None):
+def run_train(cbs, ours, x, momentum, out=None, strategy="auto"):
     c, b = ours["conv"], ours["bn"]
     return cbs.conv_bn_scale_train(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
-                                   b.num_batches_tracked, momentum, b.eps, SCALE, out)
+                                   b.num_batches_tracked, momentum, b.eps, SCALE, out, strategy=strategy)
 
 
 SHAPES = [  # (N, C_in, H, W, C_out)
@@ -74,14 +74,15 @@ SHAPES = [  # (N, C_in, H, W, C_out)
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("momentum", [0.1, None])
-def test_train_matches_float64_over_three_steps(cbs, shape, momentum):
+@pytest.mark.parametrize("strategy", ["auto", "inplace"])  # auto: moments where C_in ≤ 8
+def test_train_matches_float64_over_three_steps(cbs, shape, momentum, strategy):
     n, c_in, h, w, c_out = shape
     ref, ours = _modules(c_in, c_out, momentum, seed=sum(shape))
     for step in range(3):
         x = check.rand((n, c_in, h, w), seed=step + 7 * sum(shape), device="cuda", low=-0.5, high=1.5)
         tol = train_tol(x, ref["conv"])
         out = check.poisoned((n, c_out, h - 2, w - 2), device="cuda")
-        y = run_train(cbs, ours, x, momentum, out)
+        y = run_train(cbs, ours, x, momentum, out, strategy)
         assert y.data_ptr() == out.data_ptr()
         with torch.no_grad():
             y_ref = ref["bn"](ref["conv"](x.double())) * SCALE
@@ -92,7 +93,8 @@ def test_train_matches_float64_over_three_steps(cbs, shape, momentum):
 
 
 @pytest.mark.gpu
-def test_p73_train_and_eval_within_1e_5(cbs):
+@pytest.mark.parametrize("strategy", ["moments", "inplace"])
+def test_p73_train_and_eval_within_1e_5(cbs, strategy):
     """The benchmark's shapes and initialisation: relative error ≤ 1e-5 (the capstone's target)."""
     prob = kb.problems.P73_CONV_BN_SCALE
     model = prob.model(seed=0).cuda()
@@ -100,7 +102,7 @@ def test_p73_train_and_eval_within_1e_5(cbs):
     x = prob.inputs(seed=1, device="cuda")
     y = cbs.conv_bn_scale_train(x, model.conv.weight, model.conv.bias, model.bn.weight, model.bn.bias,
                                 model.bn.running_mean, model.bn.running_var, model.bn.num_batches_tracked, 0.1,
-                                model.bn.eps, SCALE)
+                                model.bn.eps, SCALE, strategy=strategy)
     with torch.no_grad():
         y_ref = ref(x.double())
     check.assert_close(y, y_ref, 1e-5, what="P73 train output")
@@ -199,6 +201,11 @@ def test_train_rejects_bad_parameters(cbs):
                    b.num_batches_tracked, 1.5, 1e-5, 2.0), "momentum must be in"),
         (lambda: f(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
                    b.num_batches_tracked, 0.1, -1.0, 2.0), "eps must be non-negative"),
+        (lambda: f(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
+                   b.num_batches_tracked, 0.1, 1e-5, 2.0, strategy="twice"), "strategy must be 'auto', 'moments'"),
+        (lambda: f(torch.rand(2, 9, 6, 7, device="cuda"), torch.rand(5, 9, 3, 3, device="cuda"), c.bias, b.weight,
+                   b.bias, b.running_mean, b.running_var, b.num_batches_tracked, 0.1, 1e-5, 2.0, strategy="moments"),
+         "moments strategy supports at most 8 input channels, got 9"),
     ]
     before = (b.running_mean.clone(), b.running_var.clone(), int(b.num_batches_tracked))
     for call, message in cases:
