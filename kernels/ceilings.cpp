@@ -6,11 +6,9 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
-#include <utility>
 
 #include "torch_checks.h"
 
@@ -18,8 +16,7 @@
 int ffma_threads_per_block();
 int ffma_chains();
 cudaError_t ceilings_resident_blocks(bool ffma, int* blocks);
-int copy_counter_slots();
-cudaError_t launch_copy(const float* x, float* y, int64_t n, bool dynamic, int unroll, bool streaming, int slot,
+cudaError_t launch_copy(const float* x, float* y, int64_t n, int unroll, bool resident_only, bool streaming,
                         cudaStream_t stream);
 cudaError_t launch_ffma(float* out, long long* clocks, int blocks, int iters, float m, float c,
                         cudaStream_t stream);
@@ -28,53 +25,21 @@ namespace {
 
 bool aligned16(const torch::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15u) == 0; }
 
-// The dynamic copy's tile counters live in the kernel module (ceilings.cu), zero between launches. Two
-// launches that overlap in time must not share one, so each gets a slot here:
-//  * an ordinary call uses its stream's slot (calls on one stream never overlap: stream order);
-//  * a call being captured into a CUDA graph gets a slot of its own, for good, so replaying the graph
-//    cannot collide with ordinary calls on the stream it was captured on (no allocation either way).
-// Limits, checked: copy_counter_slots() streams plus captured calls per device in the process's
-// lifetime. Not checked: replaying one graph on two streams at once, or a stream handle that CUDA
-// reuses for a new stream while work of the destroyed one still runs, would share a counter.
-struct CounterSlots {
-    std::mutex mutex;
-    std::map<std::pair<int, cudaStream_t>, int> by_stream;
-    std::map<int, int> used;  // device -> slots handed out
-};
-
-int counter_slot(int device, cudaStream_t stream) {
-    static CounterSlots slots;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    kb::check_cuda(cudaStreamIsCapturing(stream, &capture), "copy", "cudaStreamIsCapturing");
-    const bool capturing = capture != cudaStreamCaptureStatusNone;
-    const std::lock_guard<std::mutex> lock(slots.mutex);
-    if (!capturing) {
-        const auto it = slots.by_stream.find({device, stream});
-        if (it != slots.by_stream.end()) return it->second;
-    }
-    int& used = slots.used[device];
-    KB_CHECK(used < copy_counter_slots(), "copy: the dynamic schedule's ", copy_counter_slots(),
-             " tile counters of device ", device, " are all taken (one per stream and one per graph-captured call); "
-             "use schedule=\"static\", which needs none");
-    const int slot = used++;
-    if (!capturing) slots.by_stream[{device, stream}] = slot;
-    return slot;
-}
-
 }  // namespace
 
-// out = x, element for element, with 16-byte accesses. schedule: "dynamic" or "static"; unroll: float4
-// loads per thread per tile, 4 or 8; cache: "default" or "streaming" (evict-first hints, dynamic only).
-// Allocates nothing but `out` when it is not given: safe to capture in a CUDA graph.
-torch::Tensor copy_streaming(const torch::Tensor& x, const std::optional<torch::Tensor>& out, const std::string& schedule,
+// out = x, element for element, with 16-byte accesses. grid: "tiles" (one block per tile: the hardware's
+// block scheduler balances the SMs) or "resident" (as many blocks as fit on the GPU at once, each with a
+// fixed share); unroll: float4 loads per thread per tile, 1, 4 or 8; cache: "default" or "streaming"
+// (evict-first hints). Keeps no state between calls and allocates nothing but `out` when it is not given:
+// safe on any stream and inside a CUDA graph.
+torch::Tensor copy_streaming(const torch::Tensor& x, const std::optional<torch::Tensor>& out, const std::string& grid,
                              int64_t unroll, const std::string& cache) {
-    KB_CHECK(schedule == "dynamic" || schedule == "static", "copy: schedule must be \"dynamic\" or \"static\", got \"",
-             schedule, "\"");
-    KB_CHECK(unroll == 4 || unroll == 8, "copy: unroll must be 4 or 8 (float4 loads per thread per tile), got ", unroll);
+    KB_CHECK(grid == "tiles" || grid == "resident", "copy: grid must be \"tiles\" or \"resident\", got \"", grid,
+             "\"");
+    KB_CHECK(unroll == 1 || unroll == 4 || unroll == 8,
+             "copy: unroll must be 1, 4 or 8 (float4 loads per thread per tile), got ", unroll);
     KB_CHECK(cache == "default" || cache == "streaming", "copy: cache must be \"default\" or \"streaming\", got \"",
              cache, "\"");
-    KB_CHECK(cache == "default" || schedule == "dynamic", "copy: cache=\"streaming\" is built for the dynamic "
-             "schedule only");
     kb::check_tensor(x, "copy", "x");
     torch::Tensor y = out.has_value() ? *out : torch::empty_like(x);
     kb::check_tensor(y, "copy", "out");
@@ -87,10 +52,8 @@ torch::Tensor copy_streaming(const torch::Tensor& x, const std::optional<torch::
 
     const c10::cuda::CUDAGuard guard(x.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-    const bool dynamic = schedule == "dynamic";
-    const int slot = dynamic ? counter_slot(x.device().index(), stream) : 0;
-    kb::check_launch(launch_copy(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), dynamic, static_cast<int>(unroll),
-                                 cache == "streaming", slot, stream),
+    kb::check_launch(launch_copy(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), static_cast<int>(unroll),
+                                 grid == "resident", cache == "streaming", stream),
                      "copy");
     return y;
 }
@@ -140,15 +103,14 @@ std::map<std::string, int64_t> device_attributes() {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("copy", &copy_streaming, "out = x with 16-byte accesses on a grid sized from the SM count", pybind11::arg("x"),
-          pybind11::arg("out") = pybind11::none(), pybind11::arg("schedule") = "dynamic", pybind11::arg("unroll") = 4,
-          pybind11::arg("cache") = "default");
+    m.def("copy", &copy_streaming, "out = x with 16-byte accesses: one block per tile, or a resident grid",
+          pybind11::arg("x"), pybind11::arg("out") = pybind11::none(), pybind11::arg("grid") = "tiles",
+          pybind11::arg("unroll") = 1, pybind11::arg("cache") = "default");
     m.def("ffma", &ffma_throughput, "FP32 FMA throughput kernel: (per-thread sums, per-block cycles and ns)",
           pybind11::arg("iters"), pybind11::arg("m") = 1.0, pybind11::arg("c") = 1.0, pybind11::arg("blocks") = 0);
-    m.def("resident_blocks", &resident_blocks, "blocks of kernel 'copy' or 'ffma' resident on the GPU at once",
+    m.def("resident_blocks", &resident_blocks, "blocks of kernel 'copy' (unroll 1) or 'ffma' resident on the GPU at once",
           pybind11::arg("kernel"));
     m.def("device_attributes", &device_attributes, "SM count, clocks (kHz), memory bus width (bits), threads per SM");
     m.attr("FFMA_THREADS") = ffma_threads_per_block();
     m.attr("FFMA_CHAINS") = ffma_chains();
-    m.attr("COPY_COUNTER_SLOTS") = copy_counter_slots();
 }

@@ -5,18 +5,14 @@
 // pins' signalling rate and its FLOP/s assumes the boost clock. Plain CUDA: no torch headers.
 //
 // copy  — y = x over float32 arrays, in 16-byte float4 accesses (x and y must be 16-byte aligned;
-//         the last n % 4 elements, the "tail", are copied by block 0 with scalar accesses). The grid
-//         is sized from the SM count: as many 256-thread blocks as fit on the GPU at once. Work comes
-//         in tiles of 256 threads × U float4 (U = 4: 16 KiB, U = 8: 32 KiB); a thread issues its U
-//         loads before its first store. Two schedules: *static* — block b copies tiles b, b + grid,
-//         b + 2·grid, …; *dynamic* — a block's first tile is its index, and each next one comes from
-//         an atomic counter, so a block that runs ahead takes more tiles. The counter is one of
-//         kCopySlots zero-initialised __device__ words owned by this module (no allocation and no fill
-//         per call): a launch makes exactly `tiles` increments, so the block whose increment returns
-//         tiles − 1 made the last one and puts the counter back to 0 for the next launch on its slot.
-//         Launches that may overlap in time must use different slots (the binding gives each stream,
-//         and each CUDA-graph capture, its own). Optional streaming cache hints (kStreaming:
-//         ld.global.cs / st.global.cs, "evict first") keep the 1 GiB stream from displacing L2 lines.
+//         the last n % 4 elements, the "tail", are copied by block 0 with scalar accesses). Work comes in
+//         tiles of 256 threads × U float4 (U = 1, 4 or 8: 4, 16 or 32 KiB); a thread issues its U loads
+//         before its first store, and block b copies tiles b, b + grid, b + 2·grid, … Two grids:
+//         *tiles* — one block per tile, so the GPU's block scheduler hands each next tile to whichever SM
+//         has room (a dynamic schedule done by the hardware: no counter, nothing to reset, nothing shared
+//         between launches); *resident* — exactly as many blocks as fit on the GPU at once (SM count ×
+//         blocks per SM), each with a fixed share. Optional streaming cache hints (kStreaming:
+//         ld.global.cs / st.global.cs, "evict first"). Chapter 3 measures all of them.
 // ffma  — kChains independent recurrences a ← fma(a, m, c_j) per thread, kUnroll steps per loop trip:
 //         with 8 warps per SM sub-partition, each holding 8 independent FMAs, the FP32 pipes never
 //         wait on a result. Each thread writes the sum of its chains, so nothing can be deleted, and
@@ -30,14 +26,6 @@
 namespace {
 
 constexpr int kCopyThreads = 256;  // 8 warps per block
-constexpr int kCopySlots = 256;    // dynamic-schedule counters: launches that may run concurrently
-
-// The dynamic schedule's tile counters, zero when the module is loaded (one set per device) and
-// zero again after every complete launch (see the top of the file). 128 bytes apart: one L2 line each.
-struct alignas(128) TileCounter {
-    unsigned long long next;
-};
-__device__ TileCounter g_next_tile[kCopySlots];
 
 template <bool kStreaming>
 __device__ __forceinline__ float4 load4(const float4* p) {
@@ -50,25 +38,15 @@ __device__ __forceinline__ void store4(float4* p, const float4& v) {
     else *p = v;
 }
 
-template <int kCopyUnroll, bool kDynamic, bool kStreaming>  // kCopyUnroll: float4 loads in flight per thread
+template <int kCopyUnroll, bool kStreaming>  // kCopyUnroll: float4 loads in flight per thread
 __global__ void __launch_bounds__(kCopyThreads)
-copy_vec4_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, int64_t tiles, int slot) {
+copy_vec4_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, int64_t tiles) {
     constexpr int64_t kCopyTile = int64_t{kCopyThreads} * kCopyUnroll;  // float4s per tile
     const int64_t n4 = n / 4;
     const float4* __restrict__ x4 = reinterpret_cast<const float4*>(x);
     float4* __restrict__ y4 = reinterpret_cast<float4*>(y);
-    __shared__ int64_t s_next;
 
-    int64_t tile = blockIdx.x;
-    while (tile < tiles) {
-        if (kDynamic && threadIdx.x == 0) {  // ask for the next tile now: the atomic's latency hides behind the copy
-            unsigned long long* next = &g_next_tile[slot].next;
-            const auto old = static_cast<int64_t>(atomicAdd(next, 1ull));
-            // One increment per tile copied, so this launch makes exactly `tiles` of them (returning 0 …
-            // tiles − 1): whoever got tiles − 1 made the last, and resets the counter for the next launch.
-            if (old == tiles - 1) atomicExch(next, 0ull);
-            s_next = old + gridDim.x;
-        }
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // one trip per block on the "tiles" grid
         const int64_t base = tile * kCopyTile + threadIdx.x;
         if (base + (kCopyUnroll - 1) * kCopyThreads < n4) {  // a whole tile: no bounds checks
             float4 v[kCopyUnroll];
@@ -82,13 +60,6 @@ copy_vec4_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, 
                 const int64_t i = base + u * kCopyThreads;
                 if (i < n4) store4<kStreaming>(y4 + i, load4<kStreaming>(x4 + i));
             }
-        }
-        if (kDynamic) {
-            __syncthreads();  // s_next is written
-            tile = s_next;
-            __syncthreads();  // everyone has read it before thread 0 overwrites it
-        } else {
-            tile += gridDim.x;
         }
     }
     if (blockIdx.x == 0 && threadIdx.x < n - 4 * n4) {  // the tail: the last n % 4 elements
@@ -154,31 +125,32 @@ inline cudaError_t resident_grid(const void* kernel, int threads, int* blocks) {
     return err;
 }
 
-template <int kCopyUnroll, bool kDynamic, bool kStreaming>
+template <int kCopyUnroll, bool kStreaming>
 const void* copy_kernel() {
-    return reinterpret_cast<const void*>(copy_vec4_kernel<kCopyUnroll, kDynamic, kStreaming>);
+    return reinterpret_cast<const void*>(copy_vec4_kernel<kCopyUnroll, kStreaming>);
 }
 
-template <int kCopyUnroll, bool kDynamic, bool kStreaming>
-cudaError_t launch_copy_t(const float* x, float* y, int64_t n, int slot, cudaStream_t stream) {
+template <int kCopyUnroll, bool kStreaming>
+cudaError_t launch_copy_t(const float* x, float* y, int64_t n, bool resident_only, cudaStream_t stream) {
     constexpr int64_t kCopyTile = int64_t{kCopyThreads} * kCopyUnroll;
     const int64_t tiles = (n / 4 + kCopyTile - 1) / kCopyTile;  // ceil, never floor
-    int resident = 0;
-    const cudaError_t err = resident_grid(copy_kernel<kCopyUnroll, kDynamic, kStreaming>(), kCopyThreads, &resident);
-    if (err != cudaSuccess) return err;
-    int64_t blocks = tiles < resident ? tiles : resident;  // never more blocks than tiles: see the counter's reset
+    int64_t blocks = tiles < INT_MAX ? tiles : INT_MAX;  // past 2^31 - 1 tiles, blocks loop (grid-stride)
+    if (resident_only) {
+        int resident = 0;
+        const cudaError_t err = resident_grid(copy_kernel<kCopyUnroll, kStreaming>(), kCopyThreads, &resident);
+        if (err != cudaSuccess) return err;
+        if (blocks > resident) blocks = resident;
+    }
     if (blocks < 1) blocks = 1;  // n < 4: block 0 does the tail
-    copy_vec4_kernel<kCopyUnroll, kDynamic, kStreaming>
-        <<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(x, y, n, tiles, slot);
+    copy_vec4_kernel<kCopyUnroll, kStreaming><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(x, y, n, tiles);
     return cudaGetLastError();
 }
 
 template <int kCopyUnroll>
-cudaError_t launch_copy_u(const float* x, float* y, int64_t n, bool dynamic, bool streaming, int slot,
+cudaError_t launch_copy_u(const float* x, float* y, int64_t n, bool resident_only, bool streaming,
                           cudaStream_t stream) {
-    if (!dynamic) return launch_copy_t<kCopyUnroll, false, false>(x, y, n, slot, stream);
-    if (streaming) return launch_copy_t<kCopyUnroll, true, true>(x, y, n, slot, stream);
-    return launch_copy_t<kCopyUnroll, true, false>(x, y, n, slot, stream);
+    if (streaming) return launch_copy_t<kCopyUnroll, true>(x, y, n, resident_only, stream);
+    return launch_copy_t<kCopyUnroll, false>(x, y, n, resident_only, stream);
 }
 
 }  // namespace
@@ -187,27 +159,23 @@ cudaError_t launch_copy_u(const float* x, float* y, int64_t n, bool dynamic, boo
 int ffma_threads_per_block() { return kFfmaThreads; }
 int ffma_chains() { return kChains; }
 
-// Blocks of the FFMA kernel (ffma = true) or of the dynamic 4-float4 copy that are resident on the
-// whole GPU at once: SMs × blocks per SM.
+// Blocks of the FFMA kernel (ffma = true) or of the 1-float4 copy that are resident on the whole GPU at
+// once: SMs × blocks per SM.
 cudaError_t ceilings_resident_blocks(bool ffma, int* blocks) {
     return ffma ? resident_grid(reinterpret_cast<const void*>(ffma_kernel), kFfmaThreads, blocks)
-                : resident_grid(copy_kernel<4, true, false>(), kCopyThreads, blocks);
+                : resident_grid(copy_kernel<1, false>(), kCopyThreads, blocks);
 }
 
-// Dynamic-schedule counters available: launches that may run at the same time need different slots.
-int copy_counter_slots() { return kCopySlots; }
-
-// y[i] = x[i] for i < n. x and y: 16-byte aligned, not overlapping. unroll: 4 or 8 float4 per thread
-// per tile. streaming: evict-first cache hints (dynamic schedule only). slot: the dynamic schedule's
-// counter, in [0, copy_counter_slots()), not in use by a launch that may overlap this one (ignored by
-// the static schedule). Returns the launch's error.
-cudaError_t launch_copy(const float* x, float* y, int64_t n, bool dynamic, int unroll, bool streaming, int slot,
+// y[i] = x[i] for i < n. x and y: 16-byte aligned, not overlapping. unroll: 1, 4 or 8 float4 per thread
+// per tile. resident_only: grid = the blocks resident at once (else one block per tile). streaming:
+// evict-first cache hints. Returns the launch's error.
+cudaError_t launch_copy(const float* x, float* y, int64_t n, int unroll, bool resident_only, bool streaming,
                         cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    if (!aligned16(x) || !aligned16(y) || (streaming && !dynamic)) return cudaErrorInvalidValue;
-    if (dynamic && (slot < 0 || slot >= kCopySlots)) return cudaErrorInvalidValue;
-    if (unroll == 4) return launch_copy_u<4>(x, y, n, dynamic, streaming, slot, stream);
-    if (unroll == 8) return launch_copy_u<8>(x, y, n, dynamic, streaming, slot, stream);
+    if (!aligned16(x) || !aligned16(y)) return cudaErrorInvalidValue;
+    if (unroll == 1) return launch_copy_u<1>(x, y, n, resident_only, streaming, stream);
+    if (unroll == 4) return launch_copy_u<4>(x, y, n, resident_only, streaming, stream);
+    if (unroll == 8) return launch_copy_u<8>(x, y, n, resident_only, streaming, stream);
     return cudaErrorInvalidValue;
 }
 

@@ -175,66 +175,62 @@ def ceilings():
     return kb.build.load("ceilings")
 
 
-# (schedule, unroll, cache): every compiled copy kernel
-COPY_VARIANTS = [("dynamic", 4, "default"), ("dynamic", 8, "default"), ("static", 4, "default"),
-                 ("static", 8, "default"), ("dynamic", 4, "streaming"), ("dynamic", 8, "streaming")]
+# (grid, unroll, cache): every compiled copy kernel, on both grids
+COPY_VARIANTS = [(g, u, c) for g in ("tiles", "resident") for u in (1, 4, 8) for c in ("default", "streaming")]
 
 
 @pytest.mark.compile
-def test_copy_kernels_use_the_module_counter_and_the_hints_asked_for():
-    """Without a GPU, from the PTX: the dynamic schedule claims tiles from, and resets, a counter of the module
-    (no per-call allocation or fill in the binding); only the streaming kernels carry evict-first hints."""
+def test_copy_kernels_keep_no_state_and_carry_the_hints_asked_for():
+    """Without a GPU, from the PTX: no copy kernel touches an atomic or a counter (nothing is shared between
+    launches, so any stream or graph may run them), none spills, only the streaming ones carry evict-first hints."""
     cpp = (kb.paths.KERNELS / "ceilings.cpp").read_text()
     assert "torch::zeros" not in cpp and "cudaMalloc" not in cpp and "cudaMemset" not in cpp
-    for unroll in (4, 8):
-        for dynamic, streaming in ((True, False), (True, True), (False, False)):
-            mangled = f"copy_vec4_kernelILi{unroll}ELb{int(dynamic)}ELb{int(streaming)}E"
+    for unroll in (1, 4, 8):
+        for streaming in (False, True):
+            mangled = f"copy_vec4_kernelILi{unroll}ELb{int(streaming)}E"
             ops = roofline.ptx_instructions("ceilings", mangled)
-            assert ("atom.global.add.u64" in ops) == dynamic and ("atom.global.exch.b64" in ops) == dynamic, mangled
+            assert ops, mangled
+            assert not any(op.startswith(("atom.", "red.")) for op in ops), mangled
             assert ("ld.global.cs.v4.f32" in ops) == streaming == ("st.global.cs.v4.f32" in ops), mangled
             assert not any(op.startswith("ld.local") or op.startswith("st.local") for op in ops), mangled
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("args, message", [
-    (("fast", 4, "default"), "schedule must be"),
-    (("dynamic", 2, "default"), "unroll must be 4 or 8"),
-    (("dynamic", 4, "l2"), "cache must be"),
-    (("static", 4, "streaming"), "dynamic schedule only"),
-    (("dynamic", 4, "default"), "x must be a CUDA tensor"),
+    (("fast", 4, "default"), "grid must be"),
+    (("tiles", 2, "default"), "unroll must be 1, 4 or 8"),
+    (("tiles", 4, "l2"), "cache must be"),
+    (("tiles", 4, "default"), "x must be a CUDA tensor"),
 ])
 def test_copy_rejects_bad_arguments_without_a_gpu(args, message):
     mod = kb.build.load("ceilings", arch="90")
-    assert mod.COPY_COUNTER_SLOTS >= 64
     with pytest.raises(RuntimeError, match=message):
         mod.copy(torch.zeros(8), None, *args)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 1023, 4096 + 3, 8192 * 5 + 4 * 7 + 3, 8192 * 1100 + 5, (1 << 23) + 2])
-@pytest.mark.parametrize("schedule, unroll, cache", COPY_VARIANTS)
-def test_copy_matches(ceilings, n, schedule, unroll, cache):
+@pytest.mark.parametrize("grid, unroll, cache", COPY_VARIANTS)
+def test_copy_matches(ceilings, n, grid, unroll, cache):
     x = check.rand([n], seed=n, device="cuda", low=-3, high=3)
-    for _ in range(2):  # the second call finds the counter the first left behind
-        out = check.poisoned([n], device="cuda")
-        ceilings.copy(x, out, schedule, unroll, cache)
-        assert torch.equal(out, x)
+    out = check.poisoned([n], device="cuda")
+    ceilings.copy(x, out, grid, unroll, cache)
+    assert torch.equal(out, x)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule, unroll, cache", COPY_VARIANTS)
-def test_copy_repeated_calls_of_changing_sizes(ceilings, schedule, unroll, cache):
-    """A counter left at anything but 0 would make the next launch skip tiles: poison would survive."""
-    for i, n in enumerate([8192 * 1100 + 5, 4096 + 3, 1, (1 << 22) + 7, 8192 * 3, 8192 * 1100 + 5] * 3):
-        x = check.rand([n], seed=i, device="cuda")
-        out = check.poisoned([n], device="cuda")
-        ceilings.copy(x, out, schedule, unroll, cache)
-        assert torch.equal(out, x), (i, n)
+def test_copy_default_is_one_float4_per_thread_on_the_tiles_grid(ceilings):
+    """The defaults are chapter 3's fastest configuration; resident_blocks("copy") sizes its resident grid."""
+    x = check.rand([4099], seed=3, device="cuda")
+    assert torch.equal(ceilings.copy(x), x)
+    props = torch.cuda.get_device_properties(0)
+    per_sm = props.max_threads_per_multi_processor // 256  # 256-thread blocks, few registers: threads limit
+    assert ceilings.resident_blocks("copy") == props.multi_processor_count * per_sm
 
 
 @pytest.mark.gpu
 def test_copy_on_concurrent_streams(ceilings):
-    """Streams get counters of their own: copies queued on four streams at once stay exact."""
+    """Nothing is shared between launches: copies queued on four streams at once stay exact."""
     streams = [torch.cuda.Stream() for _ in range(4)]
     n = (1 << 24) + 3
     xs = [check.rand([n], seed=s, device="cuda") for s in range(len(streams))]
@@ -244,26 +240,26 @@ def test_copy_on_concurrent_streams(ceilings):
         for s, x, row in zip(streams, xs, outs, strict=True):
             with torch.cuda.stream(s):
                 for out in row:
-                    ceilings.copy(x, out, "dynamic", 4)
+                    ceilings.copy(x, out, "resident", 4)
     torch.cuda.synchronize()
     for x, row in zip(xs, outs, strict=True):
         assert all(torch.equal(out, x) for out in row)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cache", ["default", "streaming"])
-def test_copy_in_a_cuda_graph(ceilings, cache):
+@pytest.mark.parametrize("grid", ["tiles", "resident"])
+def test_copy_in_a_cuda_graph(ceilings, grid):
     """Captured without allocating, replayed with fresh data between ordinary calls on the same streams."""
     n = 8192 * 300 + 5
     x, y = check.rand([n], seed=1, device="cuda"), torch.empty(n, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up on the capture stream, as torch.cuda.graph asks
-        ceilings.copy(x, y, "dynamic", 4, cache)
+        ceilings.copy(x, y, grid)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
-        ceilings.copy(x, y, "dynamic", 4, cache)
+        ceilings.copy(x, y, grid)
     for i in range(4):
         x.copy_(check.rand([n], seed=10 + i, device="cuda"))
         y.fill_(float("nan"))
@@ -271,22 +267,22 @@ def test_copy_in_a_cuda_graph(ceilings, cache):
         assert torch.equal(y, x), i
         z = check.poisoned([n], device="cuda")
         with torch.cuda.stream(side):
-            ceilings.copy(x, z, "dynamic", 4, cache)
+            ceilings.copy(x, z, grid)
         torch.cuda.synchronize()
         assert torch.equal(z, x), i
 
 
 @pytest.mark.gpu
-def test_copy_rejects_misaligned_and_bad_schedule(ceilings):
+def test_copy_rejects_misaligned_and_bad_grid(ceilings):
     x = torch.zeros(33, device="cuda")
     with pytest.raises(RuntimeError, match="16-byte boundary"):
         ceilings.copy(x[1:])
-    with pytest.raises(RuntimeError, match="schedule must be"):
+    with pytest.raises(RuntimeError, match="grid must be"):
         ceilings.copy(x, None, "fast")
-    with pytest.raises(RuntimeError, match="unroll must be 4 or 8"):
-        ceilings.copy(x, None, "static", 2)
+    with pytest.raises(RuntimeError, match="unroll must be 1, 4 or 8"):
+        ceilings.copy(x, None, "tiles", 2)
     with pytest.raises(RuntimeError, match="cache must be"):
-        ceilings.copy(x, None, "dynamic", 4, "evict")
+        ceilings.copy(x, None, "tiles", 4, "evict")
 
 
 @pytest.mark.gpu
