@@ -162,8 +162,6 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     const auto fopts = x.options();
     const int c_in = static_cast<int>(x.size(1));
     if (strategy == "moments" || (strategy == "auto" && c_in <= cbs_moments_max_channels())) {
-        KB_CHECK((N + 1) / 2 * 2592 / 128 <= INT_MAX, op, ": the batch of ", N,
-                 " samples is too large for the moments strategy's border grid; split the batch");
         torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
         torch::Tensor w_fold = torch::empty_like(conv_w);
         torch::Tensor b_fold = torch::empty({C}, fopts);

@@ -610,7 +610,7 @@ int cbs_moments_max_channels() { return cbm::CI_MAX; }
 int64_t cbs_moments_workspace() { return cbm::ACC_DOUBLES; }
 
 // Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
-// weights w_fold (C_out·C_in·9) and b_fold (C_out) from three small kernels, then the eval convolution on them.
+// weights w_fold (C_out·C_in·9) and b_fold (C_out) from three kernels, then the eval convolution on them.
 // acc: cbs_moments_workspace() doubles of workspace (zeroed here).
 cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
                                      const float* beta, float* running_mean, float* running_var,
@@ -653,10 +653,7 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
         moments_main_kernel<16><<<grid, THREADS, smem_bytes<16>(), stream>>>(x, s, acc);
     else
         moments_main_kernel<8><<<grid, THREADS, smem_bytes<8>(), stream>>>(x, s, acc);
-    const int64_t border_threads = (N + B_CHUNK - 1) / B_CHUNK * B_PER_CHUNK;
-    if ((border_threads + B_THREADS - 1) / B_THREADS > INT_MAX) return cudaErrorInvalidValue;
-    moments_border_kernel<<<static_cast<unsigned>((border_threads + B_THREADS - 1) / B_THREADS), B_THREADS, 0,
-                            stream>>>(x, s, acc);
+    moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), E_THREADS, 0, stream>>>(x, s, acc);
     const Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold, C_out,
                      momentum, eps, scale};
     moments_finalize_kernel<<<1, F_THREADS, 0, stream>>>(x, s, acc, f);

@@ -11,7 +11,7 @@
 // [a1, a1+HO) × [a2, a2+WO), which is the whole image minus at most two rows and two columns. So
 //   * the main kernel sums Z over the whole image, once per (i, j, d): 8·8·15 lags (d1 ∈ [0,2], d2 ∈ [−2,2];
 //     d1 < 0 follows from symmetry) instead of 72·72 patch products per position;
-//   * the border kernel sums Z along rows {0, 1, H−2, H−1} and columns {0, 1, W−2, W−1}, and the 16 corners;
+//   * the edge kernel sums Z along rows {0, 1, H−2, H−1} and columns {0, 1, W−2, W−1}, and the 16 corners;
 //   * the finalize kernel forms each window's sum by inclusion–exclusion, then m, Σ (in double), mean_c and
 //     var_c, updates the running statistics as nn.BatchNorm2d does, and folds BN and the scale into the weights:
 //     w'_c = w_c·γ_c·s/√(var_c+ε), b'_c = (bias_c − mean_c)·γ_c·s/√(var_c+ε) + β_c·s.
@@ -159,78 +159,109 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
     }
 }
 
-// The border terms. One thread per (sample chunk, i, j, d1, line): lines 0–3 are the rows {0, 1, H−2, H−1}
-// (Σ over all columns), lines 4–7 the columns {0, 1, W−2, W−1} (Σ over all rows), lines 8–11 the corners of
-// rows 0–3 with those four columns.
-constexpr int LINES = 12;
-constexpr int B_CHUNK = 2;       // samples per thread
-constexpr int B_THREADS = 128;
-constexpr int B_PER_CHUNK = LINES * D1 * NJ * CI_MAX;  // 2,592 threads per chunk of samples
+// The border terms: one block per (sample, side). Sides 0 and 1 are the row pairs {0, 1} and {H−2, H−1}
+// (Σ over all columns → slots 1–4); sides 2 and 3 the column pairs {0, 1} and {W−2, W−1} (Σ over all rows →
+// slots 5–8, and the corners, where such a column crosses a border row → slots 9–24). A thread per
+// (i, j, d1) keeps the five d2 lags; lines are staged in chunks of E_CHUNK positions, so any H and W fit.
+constexpr int E_THREADS = 256;
+constexpr int E_CHUNK = 128;
+constexpr int E_COMBOS = CI_MAX * NJ * D1;  // 216 (i, j, d1)
+constexpr int E_ROWS_PITCH = E_CHUNK + 4;   // row sides: 4 rows × (chunk + 2 columns each side)
+constexpr int E_COLS_W = 6;                 // column sides: 6 columns (the pair ± 2)
+constexpr int E_SMEM_FLOATS = CI_MAX * (E_CHUNK + 2) * E_COLS_W;  // ≥ CI_MAX · 4 · E_ROWS_PITCH
+static_assert(E_COMBOS <= E_THREADS, "a thread per (i, j, d1)");
+static_assert(CI_MAX * 4 * E_ROWS_PITCH <= E_SMEM_FLOATS, "the row sides' staging fits the buffer");
 
-__device__ __forceinline__ float xval(const float* __restrict__ x, const MShape& s, int n, int ch, int r, int c,
-                                      float piv) {
-    if (r < 0 || r >= s.H || c < 0 || c >= s.W) return 0.f;
-    if (ch == CI_MAX) return 1.f;
-    return __ldg(x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c) - piv;
-}
+__device__ __forceinline__ bool inside(const MShape& s, int r, int c) { return r >= 0 && r < s.H && c >= 0 && c < s.W; }
 
-__device__ __forceinline__ int row_slot(const MShape& s, int k) { return k < 2 ? k : s.H - 4 + k; }
-__device__ __forceinline__ int col_slot(const MShape& s, int k) { return k < 2 ? k : s.W - 4 + k; }
-
-__global__ void __launch_bounds__(B_THREADS) moments_border_kernel(const float* __restrict__ x, MShape s,
-                                                                   double* __restrict__ acc) {
-    int64_t t = static_cast<int64_t>(blockIdx.x) * B_THREADS + threadIdx.x;
-    const int line = static_cast<int>(t % LINES); t /= LINES;
-    const int d1 = static_cast<int>(t % D1); t /= D1;
-    const int j = static_cast<int>(t % NJ); t /= NJ;
-    const int i = static_cast<int>(t % CI_MAX);
-    const int64_t n0 = (t / CI_MAX) * B_CHUNK;
-    if (n0 >= s.N || i >= s.C || (j >= s.C && j != CI_MAX) || (j == CI_MAX && d1 != 0)) return;
-    const int n1 = static_cast<int>(min(static_cast<int64_t>(s.N), n0 + B_CHUNK));
-    const float pi = pivot(x, s, i), pj = j == CI_MAX ? 0.f : pivot(x, s, j);
-    if (line >= 8) {  // corners: Z(r, c) for row slot line − 8 and the four column slots
-        const int r = row_slot(s, line - 8);
-        for (int k = 0; k < 4; ++k) {
-            const int c = col_slot(s, k);
-            float z[ND] = {0.f, 0.f, 0.f, 0.f, 0.f};
-            for (int n = static_cast<int>(n0); n < n1; ++n) {
-                const float xi = xval(x, s, n, i, r, c, pi);
-#pragma unroll
-                for (int d = 0; d < ND; ++d) z[d] = fmaf(xi, xval(x, s, n, j, r + d1, c + d - 2, pj), z[d]);
+__global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __restrict__ x, MShape s,
+                                                                 double* __restrict__ acc) {
+    __shared__ float buf[E_SMEM_FLOATS];
+    __shared__ float piv[CI_MAX];
+    const int n = blockIdx.x, side = blockIdx.y;
+    if (threadIdx.x < CI_MAX) piv[threadIdx.x] = threadIdx.x < s.C ? pivot(x, s, threadIdx.x) : 0.f;
+    const int t = threadIdx.x, d1 = t % D1, j = t / D1 % NJ, i = t / (D1 * NJ);
+    const bool valid = t < E_COMBOS && i < s.C && (j < s.C || j == CI_MAX) && (j < CI_MAX || d1 == 0);
+    const float* xn = x + static_cast<int64_t>(n) * s.C * s.H * s.W;
+    float sum[2][ND] = {};
+    if (side < 2) {
+        const int rb = side == 0 ? 0 : s.H - 2;  // lines rb, rb + 1; partners up to rb + 3
+        for (int cb = 0; cb < s.W; cb += E_CHUNK) {
+            __syncthreads();  // piv written; the previous chunk's reads done
+            for (int e = threadIdx.x; e < s.C * 4 * E_ROWS_PITCH; e += E_THREADS) {
+                const int ch = e / (4 * E_ROWS_PITCH), rr = e / E_ROWS_PITCH % 4, cc = e % E_ROWS_PITCH;
+                const int r = rb + rr, c = cb - 2 + cc;
+                buf[e] = inside(s, r, c) ? __ldg(xn + (static_cast<int64_t>(ch) * s.H + r) * s.W + c) - piv[ch] : 0.f;
             }
+            __syncthreads();
+            if (valid) {
+                const int len = min(E_CHUNK, s.W - cb);
 #pragma unroll
-            for (int d = 0; d < ND; ++d)
-                atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 9 + (line - 8) * 4 + k, static_cast<double>(z[d]));
+                for (int rl = 0; rl < 2; ++rl) {
+                    const float* pi = buf + (i * 4 + rl) * E_ROWS_PITCH + 2;
+                    const float* pj = buf + (j * 4 + rl + d1) * E_ROWS_PITCH;  // unused for the ones channel
+                    for (int c = 0; c < len; ++c) {
+#pragma unroll
+                        for (int d = 0; d < ND; ++d) {
+                            const float xj = j == CI_MAX ? (inside(s, rb + rl + d1, cb + c + d - 2) ? 1.f : 0.f)
+                                                         : pj[c + d];
+                            sum[rl][d] = fmaf(pi[c], xj, sum[rl][d]);
+                        }
+                    }
+                }
+            }
+        }
+        if (valid) {
+#pragma unroll
+            for (int rl = 0; rl < 2; ++rl)
+#pragma unroll
+                for (int d = 0; d < ND; ++d)
+                    atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 1 + 2 * side + rl, static_cast<double>(sum[rl][d]));
         }
         return;
     }
-    float sum[ND] = {0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int n = static_cast<int>(n0); n < n1; ++n) {
-        if (line < 4) {
-            const int r = row_slot(s, line);
-            float win[ND];  // x_j(r + d1, c − 2 .. c + 2), slid along the row
+    const int cb = side == 2 ? 0 : s.W - 2;  // lines cb, cb + 1; partners cb − 2 .. cb + 3
+    const int kc = 2 * (side - 2);           // their column slots kc, kc + 1
+    for (int rc = 0; rc < s.H; rc += E_CHUNK) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < s.C * (E_CHUNK + 2) * E_COLS_W; e += E_THREADS) {
+            const int ch = e / ((E_CHUNK + 2) * E_COLS_W), rr = e / E_COLS_W % (E_CHUNK + 2), cc = e % E_COLS_W;
+            const int r = rc + rr, c = cb - 2 + cc;
+            buf[e] = inside(s, r, c) ? __ldg(xn + (static_cast<int64_t>(ch) * s.H + r) * s.W + c) - piv[ch] : 0.f;
+        }
+        __syncthreads();
+        if (!valid) continue;
+        const int len = min(E_CHUNK, s.H - rc);
+        for (int r = 0; r < len; ++r) {
+            const int row = rc + r;
 #pragma unroll
-            for (int d = 0; d < ND; ++d) win[d] = xval(x, s, n, j, r + d1, d - 2, pj);
-            for (int c = 0; c < s.W; ++c) {
-                const float xi = xval(x, s, n, i, r, c, pi);
+            for (int cl = 0; cl < 2; ++cl) {
+                const float xi = buf[(i * (E_CHUNK + 2) + r) * E_COLS_W + cl + 2];
+                float z[ND];
 #pragma unroll
-                for (int d = 0; d < ND; ++d) sum[d] = fmaf(xi, win[d], sum[d]);
+                for (int d = 0; d < ND; ++d) {
+                    const float xj = j == CI_MAX ? (inside(s, row + d1, cb + cl + d - 2) ? 1.f : 0.f)
+                                                 : buf[(j * (E_CHUNK + 2) + r + d1) * E_COLS_W + cl + d];
+                    z[d] = xi * xj;
+                    sum[cl][d] += z[d];
+                }
 #pragma unroll
-                for (int d = 0; d < ND - 1; ++d) win[d] = win[d + 1];
-                win[ND - 1] = xval(x, s, n, j, r + d1, c + 3, pj);
-            }
-        } else {
-            const int c = col_slot(s, line - 4);
-            for (int r = 0; r < s.H; ++r) {
-                const float xi = xval(x, s, n, i, r, c, pi);
+                for (int kr = 0; kr < 4; ++kr) {  // a border row: the product is also a corner (slots may repeat)
+                    if (row != (kr < 2 ? kr : s.H - 4 + kr)) continue;
 #pragma unroll
-                for (int d = 0; d < ND; ++d) sum[d] = fmaf(xi, xval(x, s, n, j, r + d1, c + d - 2, pj), sum[d]);
+                    for (int d = 0; d < ND; ++d)
+                        atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 9 + kr * 4 + kc + cl, static_cast<double>(z[d]));
+                }
             }
         }
     }
+    if (valid) {
 #pragma unroll
-    for (int d = 0; d < ND; ++d)  // rows: slots 1–4, columns: slots 5–8
-        atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 1 + line, static_cast<double>(sum[d]));
+        for (int cl = 0; cl < 2; ++cl)
+#pragma unroll
+            for (int d = 0; d < ND; ++d)
+                atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 5 + kc + cl, static_cast<double>(sum[cl][d]));
+    }
 }
 
 // Σ of Z over the window [a1, a1+HO) × [a2, a2+WO): the image minus the two rows and two columns outside it,
