@@ -87,7 +87,14 @@ def test_train_matches_float64_over_three_steps(cbs, shape, momentum, strategy):
         with torch.no_grad():
             y_ref = ref["bn"](ref["conv"](x.double())) * SCALE
         check.assert_close(out, y_ref, tol, what=f"step {step} output {shape}")
-        check.assert_close(ours["bn"].running_mean, ref["bn"].running_mean, tol, what="running_mean")
+        # The batch mean's rounding scales with the magnitudes summed (mean of conv(|x|, |w|, |b|)), not with the
+        # mean itself, which can be near zero: the tolerance says so.
+        rm = ref["bn"].running_mean
+        with torch.no_grad():
+            c = ref["conv"]
+            abs_mean = F.conv2d(x.double().abs(), c.weight.abs(), c.bias.abs()).mean(dim=(0, 2, 3))
+        mean_tol = tol * (1.0 + float(abs_mean.norm() / rm.norm()))
+        check.assert_close(ours["bn"].running_mean, rm, mean_tol, what="running_mean")
         check.assert_close(ours["bn"].running_var, ref["bn"].running_var, 2 * tol, what="running_var")
         assert int(ours["bn"].num_batches_tracked) == int(ref["bn"].num_batches_tracked) == step + 1
 
