@@ -607,11 +607,11 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles).
 int cbs_moments_max_channels() { return cbm::CI_MAX; }
-int64_t cbs_moments_workspace() { return cbm::ACC_DOUBLES; }
+int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
 
 // Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
 // weights w_fold (C_out·C_in·9) and b_fold (C_out) from three kernels, then the eval convolution on them.
-// acc: cbs_moments_workspace() doubles of workspace (zeroed here).
+// acc: cbs_moments_workspace() doubles of workspace (its sums zeroed here).
 cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
@@ -656,7 +656,8 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
     moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), E_THREADS, 0, stream>>>(x, s, acc);
     const Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold, C_out,
                      momentum, eps, scale};
-    moments_finalize_kernel<<<1, F_THREADS, 0, stream>>>(x, s, acc, f);
+    moments_cov_kernel<<<C_in * K3 * K3, 128, 0, stream>>>(s, acc, f);
+    moments_fold_kernel<<<C_out, F_THREADS, 0, stream>>>(x, s, acc, f);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     return launch_cbs_eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, stream);

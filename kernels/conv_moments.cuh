@@ -12,8 +12,9 @@
 //   * the main kernel sums Z over the whole image, once per (i, j, d): 8·8·15 lags (d1 ∈ [0,2], d2 ∈ [−2,2];
 //     d1 < 0 follows from symmetry) instead of 72·72 patch products per position;
 //   * the edge kernel sums Z along rows {0, 1, H−2, H−1} and columns {0, 1, W−2, W−1}, and the 16 corners;
-//   * the finalize kernel forms each window's sum by inclusion–exclusion, then m, Σ (in double), mean_c and
-//     var_c, updates the running statistics as nn.BatchNorm2d does, and folds BN and the scale into the weights:
+//   * the cov kernel forms each window's sum by inclusion–exclusion, then m and Σ (in double);
+//   * the fold kernel computes mean_c and var_c, updates the running statistics as nn.BatchNorm2d does, and
+//     folds BN and the scale into the weights:
 //     w'_c = w_c·γ_c·s/√(var_c+ε), b'_c = (bias_c − mean_c)·γ_c·s/√(var_c+ε) + β_c·s.
 // The convolution then runs once, on w', b' (the eval kernel), and writes the final output.
 //
@@ -290,78 +291,87 @@ struct Finalize {
     float eps, scale;
 };
 
-constexpr int F_THREADS = 512;
+// Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX) and the running-average
+// weight (1).
+constexpr int COV_OFFSET = ACC_DOUBLES;
+constexpr int MEAN_OFFSET = COV_OFFSET + KMAX * KMAX;
+constexpr int FACTOR_OFFSET = MEAN_OFFSET + KMAX;
+constexpr int WORKSPACE_DOUBLES = FACTOR_OFFSET + 1;
 
-// One block: patch moments (double, in shared memory), then one warp per output channel.
-__global__ void __launch_bounds__(F_THREADS) moments_finalize_kernel(const float* __restrict__ x, MShape s,
-                                                                     const double* __restrict__ acc, Finalize f) {
-    __shared__ double cov[KMAX * KMAX];  // 41,472 B
-    __shared__ double mean[KMAX];
-    __shared__ float factor;
-    const int K = s.C * K3 * K3;
+__device__ __forceinline__ double patch_mean(const double* __restrict__ acc, int u, double M) {
+    return window_sum(acc, combo(u / 9, CI_MAX, 0, 2), u % 9 / 3, u % 3) / M;
+}
+
+// Block u (of K = C·9): row u of the patch covariance, and the patch mean; block 0 also the running-average
+// weight, read before num_batches_tracked is counted (by the fold kernel, later in the stream).
+__global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __restrict__ ws, Finalize f) {
+    const int K = s.C * K3 * K3, u = blockIdx.x;
     const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
-    if (threadIdx.x == 0) {  // the running-average weight, read before num_batches_tracked is counted
-        float m = f.momentum;
-        if (m < 0.f && f.num_batches_tracked) m = 1.f / static_cast<float>(*f.num_batches_tracked + 1);
-        factor = m;
-    }
-    for (int u = threadIdx.x; u < K; u += F_THREADS) {
-        const int i = u / 9, a1 = u % 9 / 3, a2 = u % 3;
-        mean[u] = window_sum(acc, combo(i, CI_MAX, 0, 2), a1, a2) / M;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < K * K; e += F_THREADS) {
-        const int u = e / K, v = e % K;
-        const int i = u / 9, a1 = u % 9 / 3, a2 = u % 3;
+    const double mu = patch_mean(ws, u, M);
+    const int i = u / 9, a1 = u % 9 / 3, a2 = u % 3;
+    for (int v = threadIdx.x; v < K; v += blockDim.x) {
         const int j = v / 9, b1 = v % 9 / 3, b2 = v % 3;
         const int d1 = b1 - a1, d2 = b2 - a2;
-        const double sxy = d1 >= 0 ? window_sum(acc, combo(i, j, d1, d2 + 2), a1, a2)
-                                   : window_sum(acc, combo(j, i, -d1, -d2 + 2), b1, b2);
-        cov[e] = sxy / M - mean[u] * mean[v];
+        const double sxy = d1 >= 0 ? window_sum(ws, combo(i, j, d1, d2 + 2), a1, a2)
+                                   : window_sum(ws, combo(j, i, -d1, -d2 + 2), b1, b2);  // Σ is symmetric
+        ws[COV_OFFSET + u * K + v] = sxy / M - mu * patch_mean(ws, v, M);
     }
+    if (threadIdx.x == 0) {
+        ws[MEAN_OFFSET + u] = mu;
+        if (u == 0) {
+            double m = f.momentum;
+            if (m < 0.0 && f.num_batches_tracked) m = 1.0 / static_cast<double>(*f.num_batches_tracked + 1);
+            ws[FACTOR_OFFSET] = m;
+        }
+    }
+}
+
+// Block c: mean_c = w_c·(m + pivot) + bias_c and var_c = w_cᵀΣw_c in double; the running statistics; the folded
+// weights and bias.
+constexpr int F_THREADS = 128;
+
+__global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __restrict__ x, MShape s,
+                                                                 const double* __restrict__ ws, Finalize f) {
+    __shared__ double cov[KMAX * KMAX];  // 41,472 B: staged with independent loads, not read in a dependent chain
+    __shared__ double wc[KMAX];
+    __shared__ double red[2][F_THREADS / 32];
+    const int K = s.C * K3 * K3, c = blockIdx.x;
+    const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
+    for (int v = threadIdx.x; v < K; v += F_THREADS) wc[v] = f.w[static_cast<int64_t>(c) * K + v];
+    for (int e = threadIdx.x; e < K * K; e += F_THREADS) cov[e] = ws[COV_OFFSET + e];
     __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int c = warp; c < f.C_out; c += F_THREADS / 32) {
-        const float* wc = f.w + static_cast<int64_t>(c) * K;
-        double wv[3], part[3] = {0.0, 0.0, 0.0};
+    double var = 0.0, mu = 0.0;
+    for (int v = threadIdx.x; v < K; v += F_THREADS) {  // thread v: w_v · Σ_u w_u Σ[u, v]
+        double part = 0.0;
+        for (int u = 0; u < K; ++u) part = fma(wc[u], cov[u * K + v], part);
+        var = fma(wc[v], part, var);
+        mu = fma(wc[v], ws[MEAN_OFFSET + v] + pivot(x, s, v / 9), mu);  // E[x] = E[x − pivot] + pivot
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        var += __shfl_xor_sync(0xffffffffu, var, o);
+        mu += __shfl_xor_sync(0xffffffffu, mu, o);
+    }
+    if (threadIdx.x % 32 == 0) { red[0][threadIdx.x / 32] = var; red[1][threadIdx.x / 32] = mu; }
+    __syncthreads();
+    var = 0.0; mu = 0.0;
 #pragma unroll
-        for (int k = 0; k < 3; ++k) wv[k] = lane + 32 * k < K ? wc[lane + 32 * k] : 0.0;
-        for (int u = 0; u < K; ++u) {  // (Σ w_u cov[u, v]) for this lane's v
-            const double wu = wc[u];
-#pragma unroll
-            for (int k = 0; k < 3; ++k)
-                if (lane + 32 * k < K) part[k] = fma(wu, cov[u * K + lane + 32 * k], part[k]);
-        }
-        double var = 0.0, mu = 0.0;
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-            const int v = lane + 32 * k;
-            if (v < K) {
-                var = fma(wv[k], part[k], var);
-                mu = fma(wv[k], mean[v] + pivot(x, s, v / 9), mu);  // undo the shift: E[x] = E[x − pivot] + pivot
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            var += __shfl_xor_sync(0xffffffffu, var, o);
-            mu += __shfl_xor_sync(0xffffffffu, mu, o);
-        }
-        var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
-        if (f.bias) mu += f.bias[c];
-        const double g = f.gamma ? f.gamma[c] : 1.0, bt = f.beta ? f.beta[c] : 0.0;
-        const double a = g * f.scale / sqrt(var + f.eps);
-        for (int v = lane; v < K; v += 32) f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
-        if (lane == 0) {
-            f.b_fold[c] = static_cast<float>(((f.bias ? f.bias[c] : 0.0) - mu) * a + bt * f.scale);
-            if (f.running_mean) {
-                const double m = factor;
-                f.running_mean[c] = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
-                f.running_var[c] = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
-            }
+    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; }
+    var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
+    const double bias = f.bias ? f.bias[c] : 0.0;
+    mu += bias;
+    const double g = f.gamma ? f.gamma[c] : 1.0, bt = f.beta ? f.beta[c] : 0.0;
+    const double a = g * f.scale / sqrt(var + f.eps);
+    for (int v = threadIdx.x; v < K; v += F_THREADS)
+        f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
+    if (threadIdx.x == 0) {
+        f.b_fold[c] = static_cast<float>((bias - mu) * a + bt * f.scale);
+        if (f.running_mean) {
+            const double m = ws[FACTOR_OFFSET];
+            f.running_mean[c] = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
+            f.running_var[c] = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
+            if (c == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;  // the weight was read before
         }
     }
-    __syncthreads();  // every warp has read factor (and so num_batches_tracked) before it is counted
-    if (threadIdx.x == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;
 }
 
 }  // namespace cbm
