@@ -644,7 +644,8 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
         cfg[1] = sms * (per_sm > 0 ? per_sm : 1);
     }
     const int band = cfg[0];
-    MShape s{static_cast<int>(N), C_in, H, W, (H + band - 1) / band, (W + TCOLS - 1) / TCOLS, 0};
+    MShape s{static_cast<int>(N), C_in, H, W, (H + band - 1) / band, (W + TCOLS - 1) / TCOLS, 0,
+             W % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0};
     s.tiles = N * s.row_tiles * s.col_tiles;
     err = cudaMemsetAsync(acc, 0, sizeof(double) * ACC_DOUBLES, stream);
     if (err != cudaSuccess) return err;

@@ -51,7 +51,7 @@ constexpr int ITEMS = CI_MAX * D1;             // 24
 constexpr int THREADS = ITEMS * LANES;         // 384
 constexpr int COLS = TCOLS + 8;                // staged columns c0−4 .. c0+131 (lags reach ±2, float4 granules)
 constexpr int PITCH = COLS + 4 * ((COLS + 31) / 32);  // 156: 4 floats of padding after every 32 columns
-static_assert(THREADS % TCOLS == 0, "staging runs THREADS / TCOLS rows at a time");
+static_assert(COLS % 4 == 0, "rows are staged as float4s");
 // Rows per tile: 16 where 89,856 B of shared memory fit a block (sm_80, sm_86+, sm_90), 8 (49,920 B) on sm_75.
 // Each tile ends with a 16-lane reduction and atomics: 16 rows halve that overhead.
 template <int BAND>
@@ -68,6 +68,7 @@ struct MShape {
     int N, C, H, W;        // input (N, C, H, W), C ≤ CI_MAX
     int row_tiles, col_tiles;
     int64_t tiles;         // N · row_tiles · col_tiles
+    bool vec4;             // W % 4 == 0 and x 16-byte aligned: stage with float4 loads
 };
 
 __device__ __forceinline__ float pivot(const float* __restrict__ x, const MShape& s, int ch) {
@@ -93,17 +94,33 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
         const int rest = static_cast<int>(tile % per_sample);
         const int r0 = (rest / s.col_tiles) * BAND, c0 = (rest % s.col_tiles) * TCOLS;
         __syncthreads();  // the previous tile's reads are done (and piv is written)
-        // Stage rows r0 .. r0+SROWS−1 of every channel, columns c0−4 .. c0+131: 3 rows at a time, a thread per
-        // column (128 threads per row; 8 columns take a second pass).
-#pragma unroll 4
-        for (int rw = threadIdx.x / TCOLS; rw < s.C * SROWS; rw += THREADS / TCOLS) {
-            const int ch = rw / SROWS, rr = rw % SROWS, r = r0 + rr;
-            const float* src = x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + (r < s.H ? r : 0)) * s.W;
-            float* dst = sm + (ch * SROWS + rr) * PITCH;
-            for (int cc = threadIdx.x % TCOLS; cc < COLS; cc += TCOLS) {
-                const int c = c0 - 4 + cc;
-                // zero outside the image: a product with a missing neighbour adds nothing
-                dst[spos(cc)] = r < s.H && c >= 0 && c < s.W ? __ldg(src + c) - piv[ch] : 0.f;
+        // Stage rows r0 .. r0+SROWS−1 of every channel, columns c0−4 .. c0+131, zero outside the image (a product
+        // with a missing neighbour adds nothing). Rows of a multiple of 4 floats in 16-byte aligned memory move as
+        // float4s (all 4 inside or all outside the image: c0 − 4 is a multiple of 4), 2 loads in flight per thread (more spill: the compute holds 80 registers).
+        if (s.vec4) {
+            constexpr int Q = COLS / 4;
+#pragma unroll 2
+            for (int e = threadIdx.x; e < s.C * SROWS * Q; e += THREADS) {
+                const int ch = e / (SROWS * Q), rr = e / Q % SROWS, q = e % Q;
+                const int r = r0 + rr, c = c0 - 4 + 4 * q;
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (r < s.H && c >= 0 && c < s.W) {
+                    v = __ldg(reinterpret_cast<const float4*>(
+                        x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c));
+                    const float p = piv[ch];
+                    v.x -= p; v.y -= p; v.z -= p; v.w -= p;
+                }
+                *reinterpret_cast<float4*>(sm + (ch * SROWS + rr) * PITCH + spos(4 * q)) = v;
+            }
+        } else {
+#pragma unroll 2
+            for (int e = threadIdx.x; e < s.C * SROWS * COLS; e += THREADS) {
+                const int ch = e / (SROWS * COLS), rr = e / COLS % SROWS, cc = e % COLS;
+                const int r = r0 + rr, c = c0 - 4 + cc;
+                sm[(ch * SROWS + rr) * PITCH + spos(cc)] =
+                    r < s.H && c >= 0 && c < s.W
+                        ? __ldg(x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c) - piv[ch]
+                        : 0.f;
             }
         }
         __syncthreads();
