@@ -96,7 +96,8 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
         __syncthreads();  // the previous tile's reads are done (and piv is written)
         // Stage rows r0 .. r0+SROWS−1 of every channel, columns c0−4 .. c0+131, zero outside the image (a product
         // with a missing neighbour adds nothing). Rows of a multiple of 4 floats in 16-byte aligned memory move as
-        // float4s (all 4 inside or all outside the image: c0 − 4 is a multiple of 4), 2 loads in flight per thread (more spill: the compute holds 80 registers).
+        // float4s (all 4 inside or all outside the image: c0 − 4 is a multiple of 4), 2 loads in flight per
+        // thread (more would spill: the compute holds 80 registers).
         if (s.vec4) {
             constexpr int Q = COLS / 4;
 #pragma unroll 2
