@@ -42,13 +42,16 @@ constexpr int SLOTS = 25;                      // per combo: image total, 4 bord
 constexpr int ACC_DOUBLES = COMBOS * SLOTS;    // 27,000 doubles (216 KB) of workspace
 constexpr int KMAX = CI_MAX * K3 * K3;         // 72 patch values
 
-// Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, d1) is half a warp, each lane
-// a strip of STRIP columns; 24 items = 384 threads.
+// Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, group of JG partner channels
+// j) is half a warp, each lane a strip of STRIP columns; 16 items = 256 threads. A lane walks the partner rows ρ
+// and keeps the rows ρ, ρ−1, ρ−2 of x_i in registers: each partner row read from shared memory feeds all three
+// row lags (3·5·8 = 120 FMAs per 16 floats read), so the kernel is bound by FMAs, not by shared-memory reads.
 constexpr int STRIP = 8;
 constexpr int LANES = 16;
 constexpr int TCOLS = STRIP * LANES;           // 128
-constexpr int ITEMS = CI_MAX * D1;             // 24
-constexpr int THREADS = ITEMS * LANES;         // 384
+constexpr int JG = 4;                          // partner channels per thread (60 accumulators: 3 d1 × 4 j × 5 d2)
+constexpr int ITEMS = CI_MAX * (CI_MAX / JG);  // 16
+constexpr int THREADS = ITEMS * LANES;         // 256
 constexpr int COLS = TCOLS + 8;                // staged columns c0−4 .. c0+131 (lags reach ±2, float4 granules)
 constexpr int PITCH = COLS + 4 * ((COLS + 31) / 32);  // 156: 4 floats of padding after every 32 columns
 static_assert(COLS % 4 == 0, "rows are staged as float4s");
@@ -75,7 +78,7 @@ __device__ __forceinline__ float pivot(const float* __restrict__ x, const MShape
     return __ldg(x + static_cast<int64_t>(ch) * s.H * s.W);  // x[0, ch, 0, 0]
 }
 
-// Σ_q Z(q) over the whole image for every (i, j < C, d1, d2) and, for d1 = 0, Σ_q x_i(q): acc[combo·SLOTS].
+// Σ_q Z(q) over the whole image for every (i, j < C, d1, d2) and Σ_q x_i(q): acc[combo·SLOTS].
 template <int BAND>
 __global__ void __launch_bounds__(THREADS, 2)
 moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ acc) {
@@ -84,8 +87,8 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
     __shared__ float piv[CI_MAX];
     if (threadIdx.x < CI_MAX) piv[threadIdx.x] = threadIdx.x < s.C ? pivot(x, s, threadIdx.x) : 0.f;
     const int item = threadIdx.x / LANES, lane = threadIdx.x % LANES;
-    const int i = item / D1, d1 = item % D1;
-    const bool active = i < s.C;
+    const int i = item / (CI_MAX / JG), j0 = item % (CI_MAX / JG) * JG;
+    const bool active = i < s.C && j0 < s.C;
     constexpr int SROWS = BAND + D1 - 1;  // staged rows r0 .. r0+BAND+1
     const int per_sample = s.row_tiles * s.col_tiles;
 
@@ -126,24 +129,36 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
         }
         __syncthreads();
 
-        float a[CI_MAX][ND];
+        float a[D1][JG][ND];
 #pragma unroll
-        for (int j = 0; j < CI_MAX; ++j)
+        for (int l = 0; l < D1; ++l)
 #pragma unroll
-            for (int d = 0; d < ND; ++d) a[j][d] = 0.f;
-        float a1 = 0.f;  // Σ x_i (first moments), items with d1 = 0
+            for (int j = 0; j < JG; ++j)
+#pragma unroll
+                for (int d = 0; d < ND; ++d) a[l][j][d] = 0.f;
+        float a1 = 0.f;  // Σ x_i (first moments), by the items of the first partner group
         if (active) {
-            const int rows = min(BAND, s.H - r0);
-            for (int rr = 0; rr < rows; ++rr) {
-                const float* pi = sm + (i * SROWS + rr) * PITCH;
-                const float4 u0 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 4));
-                const float4 u1 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 8));
-                const float xi[STRIP] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-                if (d1 == 0) a1 += ((xi[0] + xi[1]) + (xi[2] + xi[3])) + ((xi[4] + xi[5]) + (xi[6] + xi[7]));
+            const int rows = min(BAND, s.H - r0);  // rows of x_i this tile owns
+            float xi[D1][STRIP];                   // x_i rows ρ, ρ−1, ρ−2 (zero outside the owned rows)
 #pragma unroll
-                for (int j = 0; j < CI_MAX; ++j) {
-                    if (j >= s.C) break;
-                    const float* pj = sm + (j * SROWS + rr + d1) * PITCH;
+            for (int l = 0; l < D1; ++l)
+#pragma unroll
+                for (int t = 0; t < STRIP; ++t) xi[l][t] = 0.f;
+            for (int rho = 0; rho < rows + D1 - 1; ++rho) {
+#pragma unroll
+                for (int t = 0; t < STRIP; ++t) { xi[2][t] = xi[1][t]; xi[1][t] = xi[0][t]; xi[0][t] = 0.f; }
+                if (rho < rows) {
+                    const float* pi = sm + (i * SROWS + rho) * PITCH;
+                    const float4 u0 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 4));
+                    const float4 u1 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 8));
+                    xi[0][0] = u0.x; xi[0][1] = u0.y; xi[0][2] = u0.z; xi[0][3] = u0.w;
+                    xi[0][4] = u1.x; xi[0][5] = u1.y; xi[0][6] = u1.z; xi[0][7] = u1.w;
+                    if (j0 == 0) a1 += ((u0.x + u0.y) + (u0.z + u0.w)) + ((u1.x + u1.y) + (u1.z + u1.w));
+                }
+#pragma unroll
+                for (int jj = 0; jj < JG; ++jj) {
+                    if (j0 + jj >= s.C) break;
+                    const float* pj = sm + ((j0 + jj) * SROWS + rho) * PITCH;
                     float xj[16];  // columns c0 + lane·8 − 4 .. + 11
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
@@ -151,29 +166,38 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
                         xj[4 * k] = v.x; xj[4 * k + 1] = v.y; xj[4 * k + 2] = v.z; xj[4 * k + 3] = v.w;
                     }
 #pragma unroll
-                    for (int d = 0; d < ND; ++d)
+                    for (int l = 0; l < D1; ++l)  // x_i row ρ − l pairs with x_j row ρ at row lag l
 #pragma unroll
-                        for (int t = 0; t < STRIP; ++t) a[j][d] = fmaf(xi[t], xj[t + d + 2], a[j][d]);
+                        for (int d = 0; d < ND; ++d)
+#pragma unroll
+                            for (int t = 0; t < STRIP; ++t)
+                                a[l][jj][d] = fmaf(xi[l][t], xj[t + d + 2], a[l][jj][d]);
                 }
             }
         }
         // Sum over the 16 lanes of each item (xor offsets < 16 stay inside the half-warp; every lane takes part).
 #pragma unroll
-        for (int j = 0; j < CI_MAX; ++j)
+        for (int l = 0; l < D1; ++l)
 #pragma unroll
-            for (int d = 0; d < ND; ++d)
+            for (int j = 0; j < JG; ++j)
 #pragma unroll
-                for (int o = LANES / 2; o > 0; o >>= 1) a[j][d] += __shfl_xor_sync(0xffffffffu, a[j][d], o);
+                for (int d = 0; d < ND; ++d)
+#pragma unroll
+                    for (int o = LANES / 2; o > 0; o >>= 1)
+                        a[l][j][d] += __shfl_xor_sync(0xffffffffu, a[l][j][d], o);
 #pragma unroll
         for (int o = LANES / 2; o > 0; o >>= 1) a1 += __shfl_xor_sync(0xffffffffu, a1, o);
         if (active && lane == 0) {
 #pragma unroll
-            for (int j = 0; j < CI_MAX; ++j) {
-                if (j >= s.C) break;
+            for (int jj = 0; jj < JG; ++jj) {
+                if (j0 + jj >= s.C) break;
 #pragma unroll
-                for (int d = 0; d < ND; ++d) atomicAdd(acc + combo(i, j, d1, d) * SLOTS, static_cast<double>(a[j][d]));
+                for (int l = 0; l < D1; ++l)
+#pragma unroll
+                    for (int d = 0; d < ND; ++d)
+                        atomicAdd(acc + combo(i, j0 + jj, l, d) * SLOTS, static_cast<double>(a[l][jj][d]));
             }
-            if (d1 == 0) atomicAdd(acc + combo(i, CI_MAX, 0, 2) * SLOTS, static_cast<double>(a1));
+            if (j0 == 0) atomicAdd(acc + combo(i, CI_MAX, 0, 2) * SLOTS, static_cast<double>(a1));
         }
     }
 }

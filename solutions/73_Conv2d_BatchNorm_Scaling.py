@@ -404,9 +404,10 @@ cudaError_t launch_bn_scale_eval(const float* x, float* y, const float* weight, 
 // [a1, a1+HO) × [a2, a2+WO), which is the whole image minus at most two rows and two columns. So
 //   * the main kernel sums Z over the whole image, once per (i, j, d): 8·8·15 lags (d1 ∈ [0,2], d2 ∈ [−2,2];
 //     d1 < 0 follows from symmetry) instead of 72·72 patch products per position;
-//   * the border kernel sums Z along rows {0, 1, H−2, H−1} and columns {0, 1, W−2, W−1}, and the 16 corners;
-//   * the finalize kernel forms each window's sum by inclusion–exclusion, then m, Σ (in double), mean_c and
-//     var_c, updates the running statistics as nn.BatchNorm2d does, and folds BN and the scale into the weights:
+//   * the edge kernel sums Z along rows {0, 1, H−2, H−1} and columns {0, 1, W−2, W−1}, and the 16 corners;
+//   * the cov kernel forms each window's sum by inclusion–exclusion, then m and Σ (in double);
+//   * the fold kernel computes mean_c and var_c, updates the running statistics as nn.BatchNorm2d does, and
+//     folds BN and the scale into the weights:
 //     w'_c = w_c·γ_c·s/√(var_c+ε), b'_c = (bias_c − mean_c)·γ_c·s/√(var_c+ε) + β_c·s.
 // The convolution then runs once, on w', b' (the eval kernel), and writes the final output.
 //
@@ -433,16 +434,19 @@ constexpr int SLOTS = 25;                      // per combo: image total, 4 bord
 constexpr int ACC_DOUBLES = COMBOS * SLOTS;    // 27,000 doubles (216 KB) of workspace
 constexpr int KMAX = CI_MAX * K3 * K3;         // 72 patch values
 
-// Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, d1) is half a warp, each lane
-// a strip of STRIP columns; 24 items = 384 threads.
+// Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, group of JG partner channels
+// j) is half a warp, each lane a strip of STRIP columns; 16 items = 256 threads. A lane walks the partner rows ρ
+// and keeps the rows ρ, ρ−1, ρ−2 of x_i in registers: each partner row read from shared memory feeds all three
+// row lags (3·5·8 = 120 FMAs per 16 floats read), so the kernel is bound by FMAs, not by shared-memory reads.
 constexpr int STRIP = 8;
 constexpr int LANES = 16;
 constexpr int TCOLS = STRIP * LANES;           // 128
-constexpr int ITEMS = CI_MAX * D1;             // 24
-constexpr int THREADS = ITEMS * LANES;         // 384
+constexpr int JG = 4;                          // partner channels per thread (60 accumulators: 3 d1 × 4 j × 5 d2)
+constexpr int ITEMS = CI_MAX * (CI_MAX / JG);  // 16
+constexpr int THREADS = ITEMS * LANES;         // 256
 constexpr int COLS = TCOLS + 8;                // staged columns c0−4 .. c0+131 (lags reach ±2, float4 granules)
 constexpr int PITCH = COLS + 4 * ((COLS + 31) / 32);  // 156: 4 floats of padding after every 32 columns
-static_assert(THREADS % TCOLS == 0, "staging runs THREADS / TCOLS rows at a time");
+static_assert(COLS % 4 == 0, "rows are staged as float4s");
 // Rows per tile: 16 where 89,856 B of shared memory fit a block (sm_80, sm_86+, sm_90), 8 (49,920 B) on sm_75.
 // Each tile ends with a 16-lane reduction and atomics: 16 rows halve that overhead.
 template <int BAND>
@@ -459,13 +463,14 @@ struct MShape {
     int N, C, H, W;        // input (N, C, H, W), C ≤ CI_MAX
     int row_tiles, col_tiles;
     int64_t tiles;         // N · row_tiles · col_tiles
+    bool vec4;             // W % 4 == 0 and x 16-byte aligned: stage with float4 loads
 };
 
 __device__ __forceinline__ float pivot(const float* __restrict__ x, const MShape& s, int ch) {
     return __ldg(x + static_cast<int64_t>(ch) * s.H * s.W);  // x[0, ch, 0, 0]
 }
 
-// Σ_q Z(q) over the whole image for every (i, j < C, d1, d2) and, for d1 = 0, Σ_q x_i(q): acc[combo·SLOTS].
+// Σ_q Z(q) over the whole image for every (i, j < C, d1, d2) and Σ_q x_i(q): acc[combo·SLOTS].
 template <int BAND>
 __global__ void __launch_bounds__(THREADS, 2)
 moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ acc) {
@@ -474,8 +479,8 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
     __shared__ float piv[CI_MAX];
     if (threadIdx.x < CI_MAX) piv[threadIdx.x] = threadIdx.x < s.C ? pivot(x, s, threadIdx.x) : 0.f;
     const int item = threadIdx.x / LANES, lane = threadIdx.x % LANES;
-    const int i = item / D1, d1 = item % D1;
-    const bool active = i < s.C;
+    const int i = item / (CI_MAX / JG), j0 = item % (CI_MAX / JG) * JG;
+    const bool active = i < s.C && j0 < s.C;
     constexpr int SROWS = BAND + D1 - 1;  // staged rows r0 .. r0+BAND+1
     const int per_sample = s.row_tiles * s.col_tiles;
 
@@ -484,39 +489,68 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
         const int rest = static_cast<int>(tile % per_sample);
         const int r0 = (rest / s.col_tiles) * BAND, c0 = (rest % s.col_tiles) * TCOLS;
         __syncthreads();  // the previous tile's reads are done (and piv is written)
-        // Stage rows r0 .. r0+SROWS−1 of every channel, columns c0−4 .. c0+131: 3 rows at a time, a thread per
-        // column (128 threads per row; 8 columns take a second pass).
-#pragma unroll 4
-        for (int rw = threadIdx.x / TCOLS; rw < s.C * SROWS; rw += THREADS / TCOLS) {
-            const int ch = rw / SROWS, rr = rw % SROWS, r = r0 + rr;
-            const float* src = x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + (r < s.H ? r : 0)) * s.W;
-            float* dst = sm + (ch * SROWS + rr) * PITCH;
-            for (int cc = threadIdx.x % TCOLS; cc < COLS; cc += TCOLS) {
-                const int c = c0 - 4 + cc;
-                // zero outside the image: a product with a missing neighbour adds nothing
-                dst[spos(cc)] = r < s.H && c >= 0 && c < s.W ? __ldg(src + c) - piv[ch] : 0.f;
+        // Stage rows r0 .. r0+SROWS−1 of every channel, columns c0−4 .. c0+131, zero outside the image (a product
+        // with a missing neighbour adds nothing). Rows of a multiple of 4 floats in 16-byte aligned memory move as
+        // float4s (all 4 inside or all outside the image: c0 − 4 is a multiple of 4), 2 loads in flight per
+        // thread (more would spill: the compute holds 80 registers).
+        if (s.vec4) {
+            constexpr int Q = COLS / 4;
+#pragma unroll 2
+            for (int e = threadIdx.x; e < s.C * SROWS * Q; e += THREADS) {
+                const int ch = e / (SROWS * Q), rr = e / Q % SROWS, q = e % Q;
+                const int r = r0 + rr, c = c0 - 4 + 4 * q;
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (r < s.H && c >= 0 && c < s.W) {
+                    v = __ldg(reinterpret_cast<const float4*>(
+                        x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c));
+                    const float p = piv[ch];
+                    v.x -= p; v.y -= p; v.z -= p; v.w -= p;
+                }
+                *reinterpret_cast<float4*>(sm + (ch * SROWS + rr) * PITCH + spos(4 * q)) = v;
+            }
+        } else {
+#pragma unroll 2
+            for (int e = threadIdx.x; e < s.C * SROWS * COLS; e += THREADS) {
+                const int ch = e / (SROWS * COLS), rr = e / COLS % SROWS, cc = e % COLS;
+                const int r = r0 + rr, c = c0 - 4 + cc;
+                sm[(ch * SROWS + rr) * PITCH + spos(cc)] =
+                    r < s.H && c >= 0 && c < s.W
+                        ? __ldg(x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c) - piv[ch]
+                        : 0.f;
             }
         }
         __syncthreads();
 
-        float a[CI_MAX][ND];
+        float a[D1][JG][ND];
 #pragma unroll
-        for (int j = 0; j < CI_MAX; ++j)
+        for (int l = 0; l < D1; ++l)
 #pragma unroll
-            for (int d = 0; d < ND; ++d) a[j][d] = 0.f;
-        float a1 = 0.f;  // Σ x_i (first moments), items with d1 = 0
+            for (int j = 0; j < JG; ++j)
+#pragma unroll
+                for (int d = 0; d < ND; ++d) a[l][j][d] = 0.f;
+        float a1 = 0.f;  // Σ x_i (first moments), by the items of the first partner group
         if (active) {
-            const int rows = min(BAND, s.H - r0);
-            for (int rr = 0; rr < rows; ++rr) {
-                const float* pi = sm + (i * SROWS + rr) * PITCH;
-                const float4 u0 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 4));
-                const float4 u1 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 8));
-                const float xi[STRIP] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-                if (d1 == 0) a1 += ((xi[0] + xi[1]) + (xi[2] + xi[3])) + ((xi[4] + xi[5]) + (xi[6] + xi[7]));
+            const int rows = min(BAND, s.H - r0);  // rows of x_i this tile owns
+            float xi[D1][STRIP];                   // x_i rows ρ, ρ−1, ρ−2 (zero outside the owned rows)
 #pragma unroll
-                for (int j = 0; j < CI_MAX; ++j) {
-                    if (j >= s.C) break;
-                    const float* pj = sm + (j * SROWS + rr + d1) * PITCH;
+            for (int l = 0; l < D1; ++l)
+#pragma unroll
+                for (int t = 0; t < STRIP; ++t) xi[l][t] = 0.f;
+            for (int rho = 0; rho < rows + D1 - 1; ++rho) {
+#pragma unroll
+                for (int t = 0; t < STRIP; ++t) { xi[2][t] = xi[1][t]; xi[1][t] = xi[0][t]; xi[0][t] = 0.f; }
+                if (rho < rows) {
+                    const float* pi = sm + (i * SROWS + rho) * PITCH;
+                    const float4 u0 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 4));
+                    const float4 u1 = *reinterpret_cast<const float4*>(pi + spos(lane * STRIP + 8));
+                    xi[0][0] = u0.x; xi[0][1] = u0.y; xi[0][2] = u0.z; xi[0][3] = u0.w;
+                    xi[0][4] = u1.x; xi[0][5] = u1.y; xi[0][6] = u1.z; xi[0][7] = u1.w;
+                    if (j0 == 0) a1 += ((u0.x + u0.y) + (u0.z + u0.w)) + ((u1.x + u1.y) + (u1.z + u1.w));
+                }
+#pragma unroll
+                for (int jj = 0; jj < JG; ++jj) {
+                    if (j0 + jj >= s.C) break;
+                    const float* pj = sm + ((j0 + jj) * SROWS + rho) * PITCH;
                     float xj[16];  // columns c0 + lane·8 − 4 .. + 11
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
@@ -524,105 +558,145 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
                         xj[4 * k] = v.x; xj[4 * k + 1] = v.y; xj[4 * k + 2] = v.z; xj[4 * k + 3] = v.w;
                     }
 #pragma unroll
-                    for (int d = 0; d < ND; ++d)
+                    for (int l = 0; l < D1; ++l)  // x_i row ρ − l pairs with x_j row ρ at row lag l
 #pragma unroll
-                        for (int t = 0; t < STRIP; ++t) a[j][d] = fmaf(xi[t], xj[t + d + 2], a[j][d]);
+                        for (int d = 0; d < ND; ++d)
+#pragma unroll
+                            for (int t = 0; t < STRIP; ++t)
+                                a[l][jj][d] = fmaf(xi[l][t], xj[t + d + 2], a[l][jj][d]);
                 }
             }
         }
         // Sum over the 16 lanes of each item (xor offsets < 16 stay inside the half-warp; every lane takes part).
 #pragma unroll
-        for (int j = 0; j < CI_MAX; ++j)
+        for (int l = 0; l < D1; ++l)
 #pragma unroll
-            for (int d = 0; d < ND; ++d)
+            for (int j = 0; j < JG; ++j)
 #pragma unroll
-                for (int o = LANES / 2; o > 0; o >>= 1) a[j][d] += __shfl_xor_sync(0xffffffffu, a[j][d], o);
+                for (int d = 0; d < ND; ++d)
+#pragma unroll
+                    for (int o = LANES / 2; o > 0; o >>= 1)
+                        a[l][j][d] += __shfl_xor_sync(0xffffffffu, a[l][j][d], o);
 #pragma unroll
         for (int o = LANES / 2; o > 0; o >>= 1) a1 += __shfl_xor_sync(0xffffffffu, a1, o);
         if (active && lane == 0) {
 #pragma unroll
-            for (int j = 0; j < CI_MAX; ++j) {
-                if (j >= s.C) break;
+            for (int jj = 0; jj < JG; ++jj) {
+                if (j0 + jj >= s.C) break;
 #pragma unroll
-                for (int d = 0; d < ND; ++d) atomicAdd(acc + combo(i, j, d1, d) * SLOTS, static_cast<double>(a[j][d]));
+                for (int l = 0; l < D1; ++l)
+#pragma unroll
+                    for (int d = 0; d < ND; ++d)
+                        atomicAdd(acc + combo(i, j0 + jj, l, d) * SLOTS, static_cast<double>(a[l][jj][d]));
             }
-            if (d1 == 0) atomicAdd(acc + combo(i, CI_MAX, 0, 2) * SLOTS, static_cast<double>(a1));
+            if (j0 == 0) atomicAdd(acc + combo(i, CI_MAX, 0, 2) * SLOTS, static_cast<double>(a1));
         }
     }
 }
 
-// The border terms. One thread per (sample chunk, i, j, d1, line): lines 0–3 are the rows {0, 1, H−2, H−1}
-// (Σ over all columns), lines 4–7 the columns {0, 1, W−2, W−1} (Σ over all rows), lines 8–11 the corners of
-// rows 0–3 with those four columns.
-constexpr int LINES = 12;
-constexpr int B_CHUNK = 2;       // samples per thread
-constexpr int B_THREADS = 128;
-constexpr int B_PER_CHUNK = LINES * D1 * NJ * CI_MAX;  // 2,592 threads per chunk of samples
+// The border terms: one block per (sample, side). Sides 0 and 1 are the row pairs {0, 1} and {H−2, H−1}
+// (Σ over all columns → slots 1–4); sides 2 and 3 the column pairs {0, 1} and {W−2, W−1} (Σ over all rows →
+// slots 5–8, and the corners, where such a column crosses a border row → slots 9–24). A thread per
+// (i, j, d1) keeps the five d2 lags; lines are staged in chunks of E_CHUNK positions, so any H and W fit.
+constexpr int E_THREADS = 256;
+constexpr int E_CHUNK = 128;
+constexpr int E_COMBOS = CI_MAX * NJ * D1;  // 216 (i, j, d1)
+constexpr int E_ROWS_PITCH = E_CHUNK + 4;   // row sides: 4 rows × (chunk + 2 columns each side)
+constexpr int E_COLS_W = 6;                 // column sides: 6 columns (the pair ± 2)
+constexpr int E_SMEM_FLOATS = CI_MAX * (E_CHUNK + 2) * E_COLS_W;  // ≥ CI_MAX · 4 · E_ROWS_PITCH
+static_assert(E_COMBOS <= E_THREADS, "a thread per (i, j, d1)");
+static_assert(CI_MAX * 4 * E_ROWS_PITCH <= E_SMEM_FLOATS, "the row sides' staging fits the buffer");
 
-__device__ __forceinline__ float xval(const float* __restrict__ x, const MShape& s, int n, int ch, int r, int c,
-                                      float piv) {
-    if (r < 0 || r >= s.H || c < 0 || c >= s.W) return 0.f;
-    if (ch == CI_MAX) return 1.f;
-    return __ldg(x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c) - piv;
-}
+__device__ __forceinline__ bool inside(const MShape& s, int r, int c) { return r >= 0 && r < s.H && c >= 0 && c < s.W; }
 
-__device__ __forceinline__ int row_slot(const MShape& s, int k) { return k < 2 ? k : s.H - 4 + k; }
-__device__ __forceinline__ int col_slot(const MShape& s, int k) { return k < 2 ? k : s.W - 4 + k; }
-
-__global__ void __launch_bounds__(B_THREADS) moments_border_kernel(const float* __restrict__ x, MShape s,
-                                                                   double* __restrict__ acc) {
-    int64_t t = static_cast<int64_t>(blockIdx.x) * B_THREADS + threadIdx.x;
-    const int line = static_cast<int>(t % LINES); t /= LINES;
-    const int d1 = static_cast<int>(t % D1); t /= D1;
-    const int j = static_cast<int>(t % NJ); t /= NJ;
-    const int i = static_cast<int>(t % CI_MAX);
-    const int64_t n0 = (t / CI_MAX) * B_CHUNK;
-    if (n0 >= s.N || i >= s.C || (j >= s.C && j != CI_MAX) || (j == CI_MAX && d1 != 0)) return;
-    const int n1 = static_cast<int>(min(static_cast<int64_t>(s.N), n0 + B_CHUNK));
-    const float pi = pivot(x, s, i), pj = j == CI_MAX ? 0.f : pivot(x, s, j);
-    if (line >= 8) {  // corners: Z(r, c) for row slot line − 8 and the four column slots
-        const int r = row_slot(s, line - 8);
-        for (int k = 0; k < 4; ++k) {
-            const int c = col_slot(s, k);
-            float z[ND] = {0.f, 0.f, 0.f, 0.f, 0.f};
-            for (int n = static_cast<int>(n0); n < n1; ++n) {
-                const float xi = xval(x, s, n, i, r, c, pi);
-#pragma unroll
-                for (int d = 0; d < ND; ++d) z[d] = fmaf(xi, xval(x, s, n, j, r + d1, c + d - 2, pj), z[d]);
+__global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __restrict__ x, MShape s,
+                                                                 double* __restrict__ acc) {
+    __shared__ float buf[E_SMEM_FLOATS];
+    __shared__ float piv[CI_MAX];
+    const int n = blockIdx.x, side = blockIdx.y;
+    if (threadIdx.x < CI_MAX) piv[threadIdx.x] = threadIdx.x < s.C ? pivot(x, s, threadIdx.x) : 0.f;
+    const int t = threadIdx.x, d1 = t % D1, j = t / D1 % NJ, i = t / (D1 * NJ);
+    const bool valid = t < E_COMBOS && i < s.C && (j < s.C || j == CI_MAX) && (j < CI_MAX || d1 == 0);
+    const float* xn = x + static_cast<int64_t>(n) * s.C * s.H * s.W;
+    float sum[2][ND] = {};
+    if (side < 2) {
+        const int rb = side == 0 ? 0 : s.H - 2;  // lines rb, rb + 1; partners up to rb + 3
+        for (int cb = 0; cb < s.W; cb += E_CHUNK) {
+            __syncthreads();  // piv written; the previous chunk's reads done
+            for (int e = threadIdx.x; e < s.C * 4 * E_ROWS_PITCH; e += E_THREADS) {
+                const int ch = e / (4 * E_ROWS_PITCH), rr = e / E_ROWS_PITCH % 4, cc = e % E_ROWS_PITCH;
+                const int r = rb + rr, c = cb - 2 + cc;
+                buf[e] = inside(s, r, c) ? __ldg(xn + (static_cast<int64_t>(ch) * s.H + r) * s.W + c) - piv[ch] : 0.f;
             }
+            __syncthreads();
+            if (valid) {
+                const int len = min(E_CHUNK, s.W - cb);
 #pragma unroll
-            for (int d = 0; d < ND; ++d)
-                atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 9 + (line - 8) * 4 + k, static_cast<double>(z[d]));
+                for (int rl = 0; rl < 2; ++rl) {
+                    const float* pi = buf + (i * 4 + rl) * E_ROWS_PITCH + 2;
+                    const float* pj = buf + (j * 4 + rl + d1) * E_ROWS_PITCH;  // unused for the ones channel
+                    for (int c = 0; c < len; ++c) {
+#pragma unroll
+                        for (int d = 0; d < ND; ++d) {
+                            const float xj = j == CI_MAX ? (inside(s, rb + rl + d1, cb + c + d - 2) ? 1.f : 0.f)
+                                                         : pj[c + d];
+                            sum[rl][d] = fmaf(pi[c], xj, sum[rl][d]);
+                        }
+                    }
+                }
+            }
+        }
+        if (valid) {
+#pragma unroll
+            for (int rl = 0; rl < 2; ++rl)
+#pragma unroll
+                for (int d = 0; d < ND; ++d)
+                    atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 1 + 2 * side + rl, static_cast<double>(sum[rl][d]));
         }
         return;
     }
-    float sum[ND] = {0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int n = static_cast<int>(n0); n < n1; ++n) {
-        if (line < 4) {
-            const int r = row_slot(s, line);
-            float win[ND];  // x_j(r + d1, c − 2 .. c + 2), slid along the row
+    const int cb = side == 2 ? 0 : s.W - 2;  // lines cb, cb + 1; partners cb − 2 .. cb + 3
+    const int kc = 2 * (side - 2);           // their column slots kc, kc + 1
+    for (int rc = 0; rc < s.H; rc += E_CHUNK) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < s.C * (E_CHUNK + 2) * E_COLS_W; e += E_THREADS) {
+            const int ch = e / ((E_CHUNK + 2) * E_COLS_W), rr = e / E_COLS_W % (E_CHUNK + 2), cc = e % E_COLS_W;
+            const int r = rc + rr, c = cb - 2 + cc;
+            buf[e] = inside(s, r, c) ? __ldg(xn + (static_cast<int64_t>(ch) * s.H + r) * s.W + c) - piv[ch] : 0.f;
+        }
+        __syncthreads();
+        if (!valid) continue;
+        const int len = min(E_CHUNK, s.H - rc);
+        for (int r = 0; r < len; ++r) {
+            const int row = rc + r;
 #pragma unroll
-            for (int d = 0; d < ND; ++d) win[d] = xval(x, s, n, j, r + d1, d - 2, pj);
-            for (int c = 0; c < s.W; ++c) {
-                const float xi = xval(x, s, n, i, r, c, pi);
+            for (int cl = 0; cl < 2; ++cl) {
+                const float xi = buf[(i * (E_CHUNK + 2) + r) * E_COLS_W + cl + 2];
+                float z[ND];
 #pragma unroll
-                for (int d = 0; d < ND; ++d) sum[d] = fmaf(xi, win[d], sum[d]);
+                for (int d = 0; d < ND; ++d) {
+                    const float xj = j == CI_MAX ? (inside(s, row + d1, cb + cl + d - 2) ? 1.f : 0.f)
+                                                 : buf[(j * (E_CHUNK + 2) + r + d1) * E_COLS_W + cl + d];
+                    z[d] = xi * xj;
+                    sum[cl][d] += z[d];
+                }
 #pragma unroll
-                for (int d = 0; d < ND - 1; ++d) win[d] = win[d + 1];
-                win[ND - 1] = xval(x, s, n, j, r + d1, c + 3, pj);
-            }
-        } else {
-            const int c = col_slot(s, line - 4);
-            for (int r = 0; r < s.H; ++r) {
-                const float xi = xval(x, s, n, i, r, c, pi);
+                for (int kr = 0; kr < 4; ++kr) {  // a border row: the product is also a corner (slots may repeat)
+                    if (row != (kr < 2 ? kr : s.H - 4 + kr)) continue;
 #pragma unroll
-                for (int d = 0; d < ND; ++d) sum[d] = fmaf(xi, xval(x, s, n, j, r + d1, c + d - 2, pj), sum[d]);
+                    for (int d = 0; d < ND; ++d)
+                        atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 9 + kr * 4 + kc + cl, static_cast<double>(z[d]));
+                }
             }
         }
     }
+    if (valid) {
 #pragma unroll
-    for (int d = 0; d < ND; ++d)  // rows: slots 1–4, columns: slots 5–8
-        atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 1 + line, static_cast<double>(sum[d]));
+        for (int cl = 0; cl < 2; ++cl)
+#pragma unroll
+            for (int d = 0; d < ND; ++d)
+                atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 5 + kc + cl, static_cast<double>(sum[cl][d]));
+    }
 }
 
 // Σ of Z over the window [a1, a1+HO) × [a2, a2+WO): the image minus the two rows and two columns outside it,
@@ -651,78 +725,87 @@ struct Finalize {
     float eps, scale;
 };
 
-constexpr int F_THREADS = 512;
+// Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX) and the running-average
+// weight (1).
+constexpr int COV_OFFSET = ACC_DOUBLES;
+constexpr int MEAN_OFFSET = COV_OFFSET + KMAX * KMAX;
+constexpr int FACTOR_OFFSET = MEAN_OFFSET + KMAX;
+constexpr int WORKSPACE_DOUBLES = FACTOR_OFFSET + 1;
 
-// One block: patch moments (double, in shared memory), then one warp per output channel.
-__global__ void __launch_bounds__(F_THREADS) moments_finalize_kernel(const float* __restrict__ x, MShape s,
-                                                                     const double* __restrict__ acc, Finalize f) {
-    __shared__ double cov[KMAX * KMAX];  // 41,472 B
-    __shared__ double mean[KMAX];
-    __shared__ float factor;
-    const int K = s.C * K3 * K3;
+__device__ __forceinline__ double patch_mean(const double* __restrict__ acc, int u, double M) {
+    return window_sum(acc, combo(u / 9, CI_MAX, 0, 2), u % 9 / 3, u % 3) / M;
+}
+
+// Block u (of K = C·9): row u of the patch covariance, and the patch mean; block 0 also the running-average
+// weight, read before num_batches_tracked is counted (by the fold kernel, later in the stream).
+__global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __restrict__ ws, Finalize f) {
+    const int K = s.C * K3 * K3, u = blockIdx.x;
     const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
-    if (threadIdx.x == 0) {  // the running-average weight, read before num_batches_tracked is counted
-        float m = f.momentum;
-        if (m < 0.f && f.num_batches_tracked) m = 1.f / static_cast<float>(*f.num_batches_tracked + 1);
-        factor = m;
-    }
-    for (int u = threadIdx.x; u < K; u += F_THREADS) {
-        const int i = u / 9, a1 = u % 9 / 3, a2 = u % 3;
-        mean[u] = window_sum(acc, combo(i, CI_MAX, 0, 2), a1, a2) / M;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < K * K; e += F_THREADS) {
-        const int u = e / K, v = e % K;
-        const int i = u / 9, a1 = u % 9 / 3, a2 = u % 3;
+    const double mu = patch_mean(ws, u, M);
+    const int i = u / 9, a1 = u % 9 / 3, a2 = u % 3;
+    for (int v = threadIdx.x; v < K; v += blockDim.x) {
         const int j = v / 9, b1 = v % 9 / 3, b2 = v % 3;
         const int d1 = b1 - a1, d2 = b2 - a2;
-        const double sxy = d1 >= 0 ? window_sum(acc, combo(i, j, d1, d2 + 2), a1, a2)
-                                   : window_sum(acc, combo(j, i, -d1, -d2 + 2), b1, b2);
-        cov[e] = sxy / M - mean[u] * mean[v];
+        const double sxy = d1 >= 0 ? window_sum(ws, combo(i, j, d1, d2 + 2), a1, a2)
+                                   : window_sum(ws, combo(j, i, -d1, -d2 + 2), b1, b2);  // Σ is symmetric
+        ws[COV_OFFSET + u * K + v] = sxy / M - mu * patch_mean(ws, v, M);
     }
+    if (threadIdx.x == 0) {
+        ws[MEAN_OFFSET + u] = mu;
+        if (u == 0) {
+            double m = f.momentum;
+            if (m < 0.0 && f.num_batches_tracked) m = 1.0 / static_cast<double>(*f.num_batches_tracked + 1);
+            ws[FACTOR_OFFSET] = m;
+        }
+    }
+}
+
+// Block c: mean_c = w_c·(m + pivot) + bias_c and var_c = w_cᵀΣw_c in double; the running statistics; the folded
+// weights and bias.
+constexpr int F_THREADS = 128;
+
+__global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __restrict__ x, MShape s,
+                                                                 const double* __restrict__ ws, Finalize f) {
+    __shared__ double cov[KMAX * KMAX];  // 41,472 B: staged with independent loads, not read in a dependent chain
+    __shared__ double wc[KMAX];
+    __shared__ double red[2][F_THREADS / 32];
+    const int K = s.C * K3 * K3, c = blockIdx.x;
+    const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
+    for (int v = threadIdx.x; v < K; v += F_THREADS) wc[v] = f.w[static_cast<int64_t>(c) * K + v];
+    for (int e = threadIdx.x; e < K * K; e += F_THREADS) cov[e] = ws[COV_OFFSET + e];
     __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int c = warp; c < f.C_out; c += F_THREADS / 32) {
-        const float* wc = f.w + static_cast<int64_t>(c) * K;
-        double wv[3], part[3] = {0.0, 0.0, 0.0};
+    double var = 0.0, mu = 0.0;
+    for (int v = threadIdx.x; v < K; v += F_THREADS) {  // thread v: w_v · Σ_u w_u Σ[u, v]
+        double part = 0.0;
+        for (int u = 0; u < K; ++u) part = fma(wc[u], cov[u * K + v], part);
+        var = fma(wc[v], part, var);
+        mu = fma(wc[v], ws[MEAN_OFFSET + v] + pivot(x, s, v / 9), mu);  // E[x] = E[x − pivot] + pivot
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        var += __shfl_xor_sync(0xffffffffu, var, o);
+        mu += __shfl_xor_sync(0xffffffffu, mu, o);
+    }
+    if (threadIdx.x % 32 == 0) { red[0][threadIdx.x / 32] = var; red[1][threadIdx.x / 32] = mu; }
+    __syncthreads();
+    var = 0.0; mu = 0.0;
 #pragma unroll
-        for (int k = 0; k < 3; ++k) wv[k] = lane + 32 * k < K ? wc[lane + 32 * k] : 0.0;
-        for (int u = 0; u < K; ++u) {  // (Σ w_u cov[u, v]) for this lane's v
-            const double wu = wc[u];
-#pragma unroll
-            for (int k = 0; k < 3; ++k)
-                if (lane + 32 * k < K) part[k] = fma(wu, cov[u * K + lane + 32 * k], part[k]);
-        }
-        double var = 0.0, mu = 0.0;
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-            const int v = lane + 32 * k;
-            if (v < K) {
-                var = fma(wv[k], part[k], var);
-                mu = fma(wv[k], mean[v] + pivot(x, s, v / 9), mu);  // undo the shift: E[x] = E[x − pivot] + pivot
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            var += __shfl_xor_sync(0xffffffffu, var, o);
-            mu += __shfl_xor_sync(0xffffffffu, mu, o);
-        }
-        var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
-        if (f.bias) mu += f.bias[c];
-        const double g = f.gamma ? f.gamma[c] : 1.0, bt = f.beta ? f.beta[c] : 0.0;
-        const double a = g * f.scale / sqrt(var + f.eps);
-        for (int v = lane; v < K; v += 32) f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
-        if (lane == 0) {
-            f.b_fold[c] = static_cast<float>(((f.bias ? f.bias[c] : 0.0) - mu) * a + bt * f.scale);
-            if (f.running_mean) {
-                const double m = factor;
-                f.running_mean[c] = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
-                f.running_var[c] = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
-            }
+    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; }
+    var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
+    const double bias = f.bias ? f.bias[c] : 0.0;
+    mu += bias;
+    const double g = f.gamma ? f.gamma[c] : 1.0, bt = f.beta ? f.beta[c] : 0.0;
+    const double a = g * f.scale / sqrt(var + f.eps);
+    for (int v = threadIdx.x; v < K; v += F_THREADS)
+        f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
+    if (threadIdx.x == 0) {
+        f.b_fold[c] = static_cast<float>((bias - mu) * a + bt * f.scale);
+        if (f.running_mean) {
+            const double m = ws[FACTOR_OFFSET];
+            f.running_mean[c] = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
+            f.running_var[c] = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
+            if (c == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;  // the weight was read before
         }
     }
-    __syncthreads();  // every warp has read factor (and so num_batches_tracked) before it is counted
-    if (threadIdx.x == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;
 }
 
 }  // namespace cbm
@@ -1300,11 +1383,11 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles).
 int cbs_moments_max_channels() { return cbm::CI_MAX; }
-int64_t cbs_moments_workspace() { return cbm::ACC_DOUBLES; }
+int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
 
 // Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
-// weights w_fold (C_out·C_in·9) and b_fold (C_out) from three small kernels, then the eval convolution on them.
-// acc: cbs_moments_workspace() doubles of workspace (zeroed here).
+// weights w_fold (C_out·C_in·9) and b_fold (C_out) from three kernels, then the eval convolution on them.
+// acc: cbs_moments_workspace() doubles of workspace (its sums zeroed here).
 cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
@@ -1337,7 +1420,8 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
         cfg[1] = sms * (per_sm > 0 ? per_sm : 1);
     }
     const int band = cfg[0];
-    MShape s{static_cast<int>(N), C_in, H, W, (H + band - 1) / band, (W + TCOLS - 1) / TCOLS, 0};
+    MShape s{static_cast<int>(N), C_in, H, W, (H + band - 1) / band, (W + TCOLS - 1) / TCOLS, 0,
+             W % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0};
     s.tiles = N * s.row_tiles * s.col_tiles;
     err = cudaMemsetAsync(acc, 0, sizeof(double) * ACC_DOUBLES, stream);
     if (err != cudaSuccess) return err;
@@ -1346,13 +1430,11 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
         moments_main_kernel<16><<<grid, THREADS, smem_bytes<16>(), stream>>>(x, s, acc);
     else
         moments_main_kernel<8><<<grid, THREADS, smem_bytes<8>(), stream>>>(x, s, acc);
-    const int64_t border_threads = (N + B_CHUNK - 1) / B_CHUNK * B_PER_CHUNK;
-    if ((border_threads + B_THREADS - 1) / B_THREADS > INT_MAX) return cudaErrorInvalidValue;
-    moments_border_kernel<<<static_cast<unsigned>((border_threads + B_THREADS - 1) / B_THREADS), B_THREADS, 0,
-                            stream>>>(x, s, acc);
+    moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), E_THREADS, 0, stream>>>(x, s, acc);
     const Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold, C_out,
                      momentum, eps, scale};
-    moments_finalize_kernel<<<1, F_THREADS, 0, stream>>>(x, s, acc, f);
+    moments_cov_kernel<<<C_in * K3 * K3, 128, 0, stream>>>(s, acc, f);
+    moments_fold_kernel<<<C_out, F_THREADS, 0, stream>>>(x, s, acc, f);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     return launch_cbs_eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, stream);
@@ -1622,8 +1704,6 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     const auto fopts = x.options();
     const int c_in = static_cast<int>(x.size(1));
     if (strategy == "moments" || (strategy == "auto" && c_in <= cbs_moments_max_channels())) {
-        KB_CHECK((N + 1) / 2 * 2592 / 128 <= INT_MAX, op, ": the batch of ", N,
-                 " samples is too large for the moments strategy's border grid; split the batch");
         torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
         torch::Tensor w_fold = torch::empty_like(conv_w);
         torch::Tensor b_fold = torch::empty({C}, fopts);
@@ -1691,7 +1771,7 @@ def _ext():
     global _EXT
     if _EXT is None:
         _EXT = load_inline(
-            name="p73_conv_bn_scale_2dcbb44892d4",
+            name="p73_conv_bn_scale_5c26c7ce9beb",
             cpp_sources=[CPP_SRC],
             cuda_sources=[CUDA_SRC],
             extra_cflags=["-O3"],
