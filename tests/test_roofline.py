@@ -266,6 +266,7 @@ def test_copy_in_a_cuda_graph(ceilings, grid):
         graph.replay()
         assert torch.equal(y, x), i
         z = check.poisoned([n], device="cuda")
+        side.wait_stream(torch.cuda.current_stream())  # z's poison and x's data were written on the current stream
         with torch.cuda.stream(side):
             ceilings.copy(x, z, grid)
         torch.cuda.synchronize()
