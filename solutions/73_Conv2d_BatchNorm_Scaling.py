@@ -603,11 +603,19 @@ constexpr int E_CHUNK = 128;
 constexpr int E_COMBOS = CI_MAX * NJ * D1;  // 216 (i, j, d1)
 constexpr int E_ROWS_PITCH = E_CHUNK + 4;   // row sides: 4 rows × (chunk + 2 columns each side)
 constexpr int E_COLS_W = 6;                 // column sides: 6 columns (the pair ± 2)
-constexpr int E_SMEM_FLOATS = CI_MAX * (E_CHUNK + 2) * E_COLS_W;  // ≥ CI_MAX · 4 · E_ROWS_PITCH
+constexpr int E_SMEM_FLOATS = NJ * (E_CHUNK + 2) * E_COLS_W;  // ≥ NJ · 4 · E_ROWS_PITCH; the ones channel staged
 static_assert(E_COMBOS <= E_THREADS, "a thread per (i, j, d1)");
-static_assert(CI_MAX * 4 * E_ROWS_PITCH <= E_SMEM_FLOATS, "the row sides' staging fits the buffer");
+static_assert(NJ * 4 * E_ROWS_PITCH <= E_SMEM_FLOATS, "the row sides' staging fits the buffer");
 
 __device__ __forceinline__ bool inside(const MShape& s, int r, int c) { return r >= 0 && r < s.H && c >= 0 && c < s.W; }
+
+// Channel ch (the ones channel for ch = C: 1 inside the image), pivot-shifted, at (r, c) of sample xn; 0 outside.
+__device__ __forceinline__ float edge_value(const float* __restrict__ xn, const MShape& s, const float* piv, int ch,
+                                            int r, int c) {
+    if (!inside(s, r, c)) return 0.f;
+    if (ch == s.C) return 1.f;
+    return __ldg(xn + (static_cast<int64_t>(ch) * s.H + r) * s.W + c) - piv[ch];
+}
 
 __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __restrict__ x, MShape s,
                                                                  double* __restrict__ acc) {
@@ -615,18 +623,19 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
     __shared__ float piv[CI_MAX];
     const int n = blockIdx.x, side = blockIdx.y;
     if (threadIdx.x < CI_MAX) piv[threadIdx.x] = threadIdx.x < s.C ? pivot(x, s, threadIdx.x) : 0.f;
-    const int t = threadIdx.x, d1 = t % D1, j = t / D1 % NJ, i = t / (D1 * NJ);
-    const bool valid = t < E_COMBOS && i < s.C && (j < s.C || j == CI_MAX) && (j < CI_MAX || d1 == 0);
+    const int t = threadIdx.x, d1 = t % D1, jc = t / D1 % NJ, i = t / (D1 * NJ);
+    const bool valid = t < E_COMBOS && i < s.C && (jc < s.C || jc == CI_MAX) && (jc < CI_MAX || d1 == 0);
+    const int j = jc == CI_MAX ? s.C : jc;  // staged channel index: the ones channel follows the inputs
+    const int staged = s.C + 1;
     const float* xn = x + static_cast<int64_t>(n) * s.C * s.H * s.W;
     float sum[2][ND] = {};
     if (side < 2) {
         const int rb = side == 0 ? 0 : s.H - 2;  // lines rb, rb + 1; partners up to rb + 3
         for (int cb = 0; cb < s.W; cb += E_CHUNK) {
             __syncthreads();  // piv written; the previous chunk's reads done
-            for (int e = threadIdx.x; e < s.C * 4 * E_ROWS_PITCH; e += E_THREADS) {
+            for (int e = threadIdx.x; e < staged * 4 * E_ROWS_PITCH; e += E_THREADS) {
                 const int ch = e / (4 * E_ROWS_PITCH), rr = e / E_ROWS_PITCH % 4, cc = e % E_ROWS_PITCH;
-                const int r = rb + rr, c = cb - 2 + cc;
-                buf[e] = inside(s, r, c) ? __ldg(xn + (static_cast<int64_t>(ch) * s.H + r) * s.W + c) - piv[ch] : 0.f;
+                buf[e] = edge_value(xn, s, piv, ch, rb + rr, cb - 2 + cc);
             }
             __syncthreads();
             if (valid) {
@@ -634,14 +643,15 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
 #pragma unroll
                 for (int rl = 0; rl < 2; ++rl) {
                     const float* pi = buf + (i * 4 + rl) * E_ROWS_PITCH + 2;
-                    const float* pj = buf + (j * 4 + rl + d1) * E_ROWS_PITCH;  // unused for the ones channel
+                    const float* pj = buf + (j * 4 + rl + d1) * E_ROWS_PITCH;
+                    float win[ND] = {0.f, pj[0], pj[1], pj[2], pj[3]};  // x_j at c − 2 .. c + 2, slid along
                     for (int c = 0; c < len; ++c) {
 #pragma unroll
-                        for (int d = 0; d < ND; ++d) {
-                            const float xj = j == CI_MAX ? (inside(s, rb + rl + d1, cb + c + d - 2) ? 1.f : 0.f)
-                                                         : pj[c + d];
-                            sum[rl][d] = fmaf(pi[c], xj, sum[rl][d]);
-                        }
+                        for (int d = 0; d < ND - 1; ++d) win[d] = win[d + 1];
+                        win[ND - 1] = pj[c + 4];
+                        const float xi = pi[c];
+#pragma unroll
+                        for (int d = 0; d < ND; ++d) sum[rl][d] = fmaf(xi, win[d], sum[rl][d]);
                     }
                 }
             }
@@ -651,7 +661,7 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
             for (int rl = 0; rl < 2; ++rl)
 #pragma unroll
                 for (int d = 0; d < ND; ++d)
-                    atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 1 + 2 * side + rl, static_cast<double>(sum[rl][d]));
+                    atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 1 + 2 * side + rl, static_cast<double>(sum[rl][d]));
         }
         return;
     }
@@ -659,33 +669,34 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
     const int kc = 2 * (side - 2);           // their column slots kc, kc + 1
     for (int rc = 0; rc < s.H; rc += E_CHUNK) {
         __syncthreads();
-        for (int e = threadIdx.x; e < s.C * (E_CHUNK + 2) * E_COLS_W; e += E_THREADS) {
+        for (int e = threadIdx.x; e < staged * (E_CHUNK + 2) * E_COLS_W; e += E_THREADS) {
             const int ch = e / ((E_CHUNK + 2) * E_COLS_W), rr = e / E_COLS_W % (E_CHUNK + 2), cc = e % E_COLS_W;
-            const int r = rc + rr, c = cb - 2 + cc;
-            buf[e] = inside(s, r, c) ? __ldg(xn + (static_cast<int64_t>(ch) * s.H + r) * s.W + c) - piv[ch] : 0.f;
+            buf[e] = edge_value(xn, s, piv, ch, rc + rr, cb - 2 + cc);
         }
         __syncthreads();
         if (!valid) continue;
         const int len = min(E_CHUNK, s.H - rc);
         for (int r = 0; r < len; ++r) {
             const int row = rc + r;
+            const float* pi = buf + (i * (E_CHUNK + 2) + r) * E_COLS_W + 2;
+            const float* pj = buf + (j * (E_CHUNK + 2) + r + d1) * E_COLS_W;
+            const bool border_row = row < 2 || row >= s.H - 2;
 #pragma unroll
             for (int cl = 0; cl < 2; ++cl) {
-                const float xi = buf[(i * (E_CHUNK + 2) + r) * E_COLS_W + cl + 2];
+                const float xi = pi[cl];
                 float z[ND];
 #pragma unroll
                 for (int d = 0; d < ND; ++d) {
-                    const float xj = j == CI_MAX ? (inside(s, row + d1, cb + cl + d - 2) ? 1.f : 0.f)
-                                                 : buf[(j * (E_CHUNK + 2) + r + d1) * E_COLS_W + cl + d];
-                    z[d] = xi * xj;
+                    z[d] = xi * pj[cl + d];
                     sum[cl][d] += z[d];
                 }
+                if (!border_row) continue;
 #pragma unroll
-                for (int kr = 0; kr < 4; ++kr) {  // a border row: the product is also a corner (slots may repeat)
+                for (int kr = 0; kr < 4; ++kr) {  // the product is also a corner (slots repeat when H < 4)
                     if (row != (kr < 2 ? kr : s.H - 4 + kr)) continue;
 #pragma unroll
                     for (int d = 0; d < ND; ++d)
-                        atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 9 + kr * 4 + kc + cl, static_cast<double>(z[d]));
+                        atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 9 + kr * 4 + kc + cl, static_cast<double>(z[d]));
                 }
             }
         }
@@ -695,7 +706,7 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
         for (int cl = 0; cl < 2; ++cl)
 #pragma unroll
             for (int d = 0; d < ND; ++d)
-                atomicAdd(acc + combo(i, j, d1, d) * SLOTS + 5 + kc + cl, static_cast<double>(sum[cl][d]));
+                atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 5 + kc + cl, static_cast<double>(sum[cl][d]));
     }
 }
 
@@ -1771,7 +1782,7 @@ def _ext():
     global _EXT
     if _EXT is None:
         _EXT = load_inline(
-            name="p73_conv_bn_scale_5c26c7ce9beb",
+            name="p73_conv_bn_scale_b9d643a891e9",
             cpp_sources=[CPP_SRC],
             cuda_sources=[CUDA_SRC],
             extra_cflags=["-O3"],
