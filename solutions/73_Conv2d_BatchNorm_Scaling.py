@@ -633,6 +633,7 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
         const int rb = side == 0 ? 0 : s.H - 2;  // lines rb, rb + 1; partners up to rb + 3
         for (int cb = 0; cb < s.W; cb += E_CHUNK) {
             __syncthreads();  // piv written; the previous chunk's reads done
+#pragma unroll 4  // independent loads in flight: the column sides' loads are one per row, latency-bound
             for (int e = threadIdx.x; e < staged * 4 * E_ROWS_PITCH; e += E_THREADS) {
                 const int ch = e / (4 * E_ROWS_PITCH), rr = e / E_ROWS_PITCH % 4, cc = e % E_ROWS_PITCH;
                 buf[e] = edge_value(xn, s, piv, ch, rb + rr, cb - 2 + cc);
@@ -669,6 +670,7 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
     const int kc = 2 * (side - 2);           // their column slots kc, kc + 1
     for (int rc = 0; rc < s.H; rc += E_CHUNK) {
         __syncthreads();
+#pragma unroll 4
         for (int e = threadIdx.x; e < staged * (E_CHUNK + 2) * E_COLS_W; e += E_THREADS) {
             const int ch = e / ((E_CHUNK + 2) * E_COLS_W), rr = e / E_COLS_W % (E_CHUNK + 2), cc = e % E_COLS_W;
             buf[e] = edge_value(xn, s, piv, ch, rc + rr, cb - 2 + cc);
@@ -1782,7 +1784,7 @@ def _ext():
     global _EXT
     if _EXT is None:
         _EXT = load_inline(
-            name="p73_conv_bn_scale_b9d643a891e9",
+            name="p73_conv_bn_scale_17ea18cf34e0",
             cpp_sources=[CPP_SRC],
             cuda_sources=[CUDA_SRC],
             extra_cflags=["-O3"],
