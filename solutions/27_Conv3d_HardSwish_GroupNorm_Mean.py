@@ -553,6 +553,7 @@ inline void check_cuda(cudaError_t err, const char* op, const char* what) {
 
 }  // namespace kb
 // ---- end torch_checks.h ----
+
 // From conv3d_gn_mean.cu.
 int p27_kernel_size();
 int p27_max_out_channels();

@@ -21,7 +21,7 @@ from kernelbook import check
 from kernelbook.paths import ROOT
 
 SOLUTION = ROOT / "solutions" / "73_Conv2d_BatchNorm_Scaling.py"
-GENERATOR = ROOT / "scripts" / "make_solution_p73.py"
+GENERATOR = ROOT / "scripts" / "make_solutions.py"
 PROBLEM = kb.problems.P73_CONV_BN_SCALE
 
 
