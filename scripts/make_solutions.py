@@ -23,6 +23,33 @@ KERNELS = ROOT / "kernels"
 SOLUTIONS = ROOT / "solutions"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"[^\n]*$', re.MULTILINE)  # a trailing comment goes too
 
+# The sources and their loader, shared by every submission ({prefix}: the extension's name before its digest).
+LOADER = '''\
+CUDA_SRC = r\'\'\'
+{cuda}\'\'\'
+
+CPP_SRC = r\'\'\'
+{cpp}\'\'\'
+
+_EXT = None
+
+
+def _ext():
+    """Compile the extension once per process (the name is unique to these sources)."""
+    global _EXT
+    if _EXT is None:
+        digest = hashlib.sha256((CUDA_SRC + CPP_SRC).encode()).hexdigest()[:12]
+        _EXT = load_inline(
+            name=f"{prefix}_{{digest}}",
+            cpp_sources=[CPP_SRC],
+            cuda_sources=[CUDA_SRC],
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3"],  # no --use_fast_math: division and sqrt stay IEEE
+            no_implicit_headers=True,
+        )
+    return _EXT
+'''
+
 P73_TEMPLATE = '''\
 # ruff: noqa: E501
 """KernelBench level 2, problem 73 (Conv2d -> BatchNorm2d -> * scaling_factor), fused in CUDA.
@@ -47,31 +74,7 @@ import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
-CUDA_SRC = r\'\'\'
-{cuda}\'\'\'
-
-CPP_SRC = r\'\'\'
-{cpp}\'\'\'
-
-_EXT = None
-
-
-def _ext():
-    """Compile the extension once per process (the name is unique to these sources)."""
-    global _EXT
-    if _EXT is None:
-        digest = hashlib.sha256((CUDA_SRC + CPP_SRC).encode()).hexdigest()[:12]
-        _EXT = load_inline(
-            name=f"p73_conv_bn_scale_{{digest}}",
-            cpp_sources=[CPP_SRC],
-            cuda_sources=[CUDA_SRC],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"],  # no --use_fast_math: division and sqrt stay IEEE
-            no_implicit_headers=True,
-            verbose=False,
-        )
-    return _EXT
-
+{loader}
 
 class ModelNew(nn.Module):
     """Same constructor, submodules (conv, bn) and state_dict as the reference Model."""
@@ -123,24 +126,7 @@ import hashlib
 from torch import nn
 from torch.utils.cpp_extension import load_inline
 
-CUDA_SRC = r\'\'\'
-{cuda}\'\'\'
-
-CPP_SRC = r\'\'\'
-{cpp}\'\'\'
-
-_EXT = None
-
-
-def _ext():
-    """Compile (once per process) the fused kernel; the module name is unique to these sources."""
-    global _EXT
-    if _EXT is None:
-        digest = hashlib.sha256((CUDA_SRC + CPP_SRC).encode()).hexdigest()[:12]
-        _EXT = load_inline(name=f"p27_fused_{{digest}}", cpp_sources=[CPP_SRC], cuda_sources=[CUDA_SRC],
-                           extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], no_implicit_headers=True)
-    return _EXT
-
+{loader}
 
 class ModelNew(nn.Module):
     """The reference's modules and initialisation; forward runs one fused kernel."""
@@ -187,8 +173,11 @@ def _source(name: str) -> str:
 
 def generate() -> dict[Path, str]:
     """{solution path: its text}."""
-    p73 = P73_TEMPLATE.format(cuda=_source("conv_bn_scale.cu"), cpp=_source("conv_bn_scale.cpp"))
-    p27 = P27_TEMPLATE.format(cuda=_source("conv3d_gn_mean.cu"), cpp=_source("conv3d_gn_mean.cpp"))
+    def loader(name: str, prefix: str) -> str:
+        return LOADER.format(cuda=_source(f"{name}.cu"), cpp=_source(f"{name}.cpp"), prefix=prefix)
+
+    p73 = P73_TEMPLATE.format(loader=loader("conv_bn_scale", "p73_conv_bn_scale"))
+    p27 = P27_TEMPLATE.format(loader=loader("conv3d_gn_mean", "p27_fused"))
     return {SOLUTIONS / "73_Conv2d_BatchNorm_Scaling.py": p73, SOLUTIONS / "27_Conv3d_HardSwish_GroupNorm_Mean.py": p27}
 
 

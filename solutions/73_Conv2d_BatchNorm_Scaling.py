@@ -1794,7 +1794,6 @@ def _ext():
             extra_cflags=["-O3"],
             extra_cuda_cflags=["-O3"],  # no --use_fast_math: division and sqrt stay IEEE
             no_implicit_headers=True,
-            verbose=False,
         )
     return _EXT
 
