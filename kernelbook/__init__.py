@@ -1,7 +1,9 @@
 """kernelbook — the toolkit behind the book: build, check, time, profile and record fused CUDA kernels.
 
 Notebooks import it as ``import kernelbook as kb`` and use ``kb.build``, ``kb.check``, ``kb.timing``,
-``kb.profile``, ``kb.records``, ``kb.plots`` and ``kb.problems``, and the chapters' own models:
+``kb.profile``, ``kb.records``, ``kb.plots``, ``kb.problems``, ``kb.measure`` (times a chapter's variants
+and declares them in its record), ``kb.precision`` (the one TF32 switch) and ``kb.show`` (tables and
+kernel excerpts as the reader sees them), and the chapters' own models:
 ``kb.folding``, ``kb.roofline``, ``kb.coalescing``, ``kb.variance`` (``kb.summary`` builds the intro's
 table). ``kb.gpu()`` says what is live and ``kb.glue`` hands a computed number to the prose.
 """
@@ -12,12 +14,15 @@ from . import (
     coalescing,
     device,
     folding,
+    measure,
     paths,
     plots,
+    precision,
     problems,
     profile,
     records,
     roofline,
+    show,
     summary,
     timing,
     variance,
@@ -37,5 +42,15 @@ def glue(name: str, value) -> None:
     _glue(name, value, display=False)
 
 
-__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "gpu", "paths", "plots", "problems",
-           "profile", "records", "roofline", "summary", "timing", "variance"]
+def glue_md(name: str, text: str) -> None:
+    """Store Markdown for the prose, rendered as Markdown there (``{glue:md}`name```): for glued
+    sentences that carry code, emphasis or links, which ``{glue:text}`` would show as raw syntax."""
+    from IPython.display import Markdown
+    from myst_nb import glue as _glue
+
+    _glue(name, Markdown(text), display=False)
+
+
+__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "glue_md", "gpu", "measure",
+           "paths", "plots", "precision", "problems", "profile", "records", "roofline", "show", "summary", "timing",
+           "variance"]

@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from .paths import KERNELS, ROOT, cache_dir
+from .paths import KERNELS, RESULTS, ROOT, cache_dir
 
 NVCC_FLAGS = ("-O3", "-lineinfo")  # no --use_fast_math: see the method chapter
 CXX_FLAGS = ("-O3",)  # torch adds the C++ standard it was built with
@@ -219,8 +219,14 @@ def resources(name: str, arch: str = "90", defines: Mapping[str, int | str] | No
     """Registers, static shared memory, stack frame and spills of each kernel in kernels/<name>.cu.
 
     Compiles only the torch-free .cu with nvcc (with ``defines``, as ``load`` would), so it works on
-    any machine with the CUDA toolkit.
+    any machine with the CUDA toolkit. Without one, the report recorded by a run that had it is
+    returned (``results/compiler/<name>.json``), under a note that says so.
     """
+    return _compiler_report(name, f"resources sm_{arch} {_define_key(defines)}",
+                            lambda: _resources_live(name, arch, defines))
+
+
+def _resources_live(name: str, arch: str, defines: Mapping[str, int | str] | None) -> list[dict]:
     nvcc = shutil.which("nvcc") or str(Path(cuda_home()) / "bin" / "nvcc")
     cu = KERNELS / f"{name}.cu"
     cmd = [nvcc, "--resource-usage", *NVCC_FLAGS, *_define_flags(defines), *_arch_flags(arch), "-I", str(KERNELS),
@@ -231,3 +237,114 @@ def resources(name: str, arch: str = "90", defines: Mapping[str, int | str] | No
     rows = parse_resource_usage(res.stdout + res.stderr)
     keys = ("kernel", "registers", "smem_bytes", "stack_bytes", "spill_store_bytes", "spill_load_bytes")
     return [{"arch": f"sm_{arch}", **{k: r.get(k) for k in keys}} for r in rows]
+
+
+def ptx_instructions(name: str, kernel: str, arch: str = "90") -> list[str]:
+    """The PTX instructions (opcodes) of the kernel in kernels/<name>.cu whose mangled name contains
+    ``kernel``, as nvcc emits them with the book's flags: enough to count FMAs without a GPU. Without
+    the CUDA toolkit, the list recorded by a run that had it."""
+    return _compiler_report(name, f"ptx {kernel} sm_{arch}", lambda: _ptx_live(name, kernel, arch))
+
+
+def _ptx_live(name: str, kernel: str, arch: str) -> list[str]:
+    import tempfile
+
+    nvcc = shutil.which("nvcc") or str(Path(cuda_home()) / "bin" / "nvcc")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / f"{name}.ptx"
+        subprocess.run([nvcc, *NVCC_FLAGS, f"-arch=sm_{arch}", "-I", str(KERNELS), "-ptx", str(KERNELS / f"{name}.cu"),
+                        "-o", str(out)], check=True, capture_output=True, text=True)
+        text = out.read_text()
+    bodies = re.findall(r"\.entry\s+(\S+)\((.*?)\n}", text, re.DOTALL)
+    body = next(b for n, b in bodies if kernel in n)
+    ops = []
+    for line in body.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("//", ".", "{", "}", "$", ")")) or line.endswith(":"):
+            continue
+        line = re.sub(r"^@!?%\w+\s+", "", line)  # predicate guard
+        ops.append(line.split()[0].rstrip(";"))
+    return ops
+
+
+# ------------------------------------------------------------------------------ recorded compiler reports
+# The compiler's reports (resource usage, PTX) need nvcc, which a machine that only builds the book may
+# lack. A run that has nvcc and KERNELBOOK_RECORD=1 (or KERNELBOOK_RECORD_COMPILER=1) stores each report
+# it computes in results/compiler/<kernel>.json with the kernel sources' hashes; a run without nvcc
+# shows the stored report under a note. A test fails when a kernel changed after its report was stored.
+
+COMPILER_RESULTS = RESULTS / "compiler"
+_noted: set[str] = set()
+
+
+def have_nvcc() -> bool:
+    """True when the CUDA toolkit's compiler can be found (on PATH or under $CUDA_HOME)."""
+    if shutil.which("nvcc"):
+        return True
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    return bool(home) and (Path(home) / "bin" / "nvcc").is_file()
+
+
+def _define_key(defines: Mapping[str, int | str] | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted((defines or {}).items()))
+
+
+def compiler_record_path(name: str) -> Path:
+    return COMPILER_RESULTS / f"{name}.json"
+
+
+def _nvcc_version() -> str:
+    out = subprocess.run([shutil.which("nvcc") or str(Path(cuda_home()) / "bin" / "nvcc"), "--version"],
+                         capture_output=True, text=True).stdout
+    m = re.search(r"release ([\d.]+)", out)
+    return m.group(1) if m else "unknown"
+
+
+def _compiler_report(name: str, key: str, compute):
+    import json
+
+    path = compiler_record_path(name)
+    if have_nvcc():
+        value = compute()
+        if os.environ.get("KERNELBOOK_RECORD") == "1" or os.environ.get("KERNELBOOK_RECORD_COMPILER") == "1":
+            import datetime as dt
+
+            hashes = source_hashes(name)
+            rec = json.loads(path.read_text()) if path.is_file() else {}
+            if rec.get("provenance", {}).get("kernels") != hashes:
+                rec = {"kernel": name, "reports": {}}
+            rec["provenance"] = {"nvcc": _nvcc_version(), "kernels": hashes,
+                                 "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+            rec["reports"][key] = value
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
+        return value
+    if not path.is_file():
+        raise RuntimeError(f"no CUDA toolkit (nvcc) here and no recorded compiler report for kernels/{name}.cu: "
+                           f"run the chapter once where nvcc is installed with KERNELBOOK_RECORD_COMPILER=1")
+    rec = json.loads(path.read_text())
+    if key not in rec["reports"]:
+        raise RuntimeError(f"no CUDA toolkit (nvcc) here, and the recorded compiler reports for kernels/{name}.cu "
+                           f"lack {key!r}: re-record them where nvcc is installed (KERNELBOOK_RECORD_COMPILER=1)")
+    if name not in _noted:
+        _noted.add(name)
+        _show_note(name, rec["provenance"])
+    return rec["reports"][key]
+
+
+def _show_note(name: str, prov: dict) -> None:
+    import html
+
+    text = (f"No CUDA toolkit in this build: the compiler's reports for kernels/{name}.cu below were "
+            f"recorded with nvcc {prov['nvcc']} on {prov['date']} from the same sources (their hashes match).")
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+
+        if get_ipython() is not None:
+            display(HTML('<div class="admonition note"><p class="admonition-title">Recorded compiler report</p>'
+                         f"<p>{html.escape(text)}</p></div>"))
+            return
+    except ImportError:
+        pass
+    print(text)

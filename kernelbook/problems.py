@@ -61,3 +61,45 @@ class Problem:
 
 P73_CONV_BN_SCALE = Problem("73_Conv2d_BatchNorm_Scaling", P73, (8, 64, 3, 2.0), (128, 8, 128, 128))
 P27_CONV3D_GN_MEAN = Problem("27_Conv3d_HardSwish_GroupNorm_Mean", P27, (3, 16, 4), (1024, 3, 16, 32, 32))
+
+
+def load_solution(problem: Problem):
+    """Import ``solutions/<problem.name>.py``, the stand-alone submission (its extension compiles on
+    first use)."""
+    import importlib.util
+
+    from .paths import ROOT
+
+    path = ROOT / "solutions" / f"{problem.name}.py"
+    spec = importlib.util.spec_from_file_location(f"solution_{problem.name.split('_')[0]}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def kernelbench_check(problem: Problem, make_new, device: str = "cuda", batch: int | None = None,
+                      trials: int = 5, tol: float = 1e-2) -> tuple[list[dict], nn.Module, nn.Module]:
+    """The benchmark's own check: reference and candidate built after the same seed, ``trials`` seeded
+    ``torch.rand`` inputs, both modules reused across trials in training mode under ``no_grad``, with
+    PyTorch's default precision settings, compared by ``torch.allclose(atol=rtol=tol)``.
+
+    Returns one row per trial and the two modules (for comparing their state afterwards).
+    """
+    from . import precision
+
+    precision.defaults()
+    torch.manual_seed(42)
+    ref = problem.module(*problem.init_args).to(device)
+    torch.manual_seed(42)
+    new = make_new().to(device)
+    shape = (batch or problem.input_shape[0], *problem.input_shape[1:])
+    rows = []
+    with torch.no_grad():
+        for trial in range(trials):
+            torch.manual_seed(trial)
+            x = torch.rand(shape, device=device)
+            a, b = ref(x), new(x)
+            rows.append({"trial": trial, "same shape": a.shape == b.shape,
+                         "allclose": a.shape == b.shape and bool(torch.allclose(b, a, atol=tol, rtol=tol)),
+                         "max abs diff": float((a - b).abs().max()) if a.shape == b.shape else float("inf")})
+    return rows, ref, new

@@ -126,4 +126,5 @@ def stale(rec: dict, kernels_root: Path = KERNELS) -> list[str]:
 
 
 def all_records(root: Path = RESULTS) -> list[Path]:
-    return sorted(root.glob("*/*.json"))
+    """Every chapter record of every GPU (results/compiler/ holds compiler reports, not GPU records)."""
+    return sorted(p for p in root.glob("*/*.json") if p.parent.name != "compiler")

@@ -290,33 +290,10 @@ def p27_fused(problem: Problem = P27_CONV3D_GN_MEAN) -> Counts:
 
 
 def ptx_instructions(name: str, kernel: str, arch: str = "90") -> list[str]:
-    """The PTX instructions (opcodes) of the kernel in kernels/<name>.cu whose mangled name contains
-    ``kernel``, as nvcc emits them with the book's flags: enough to count FMAs without a GPU."""
-    import os
-    import re
-    import shutil
-    import subprocess
-    import tempfile
+    """The PTX opcodes of one kernel (``kb.build.ptx_instructions``, which records them for builds without nvcc)."""
+    from .build import ptx_instructions as _ptx
 
-    from .build import NVCC_FLAGS, cuda_home
-    from .paths import KERNELS
-
-    nvcc = shutil.which("nvcc") or os.path.join(cuda_home(), "bin", "nvcc")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / f"{name}.ptx"
-        subprocess.run([nvcc, *NVCC_FLAGS, f"-arch=sm_{arch}", "-I", str(KERNELS), "-ptx", str(KERNELS / f"{name}.cu"),
-                        "-o", str(out)], check=True, capture_output=True, text=True)
-        text = out.read_text()
-    bodies = re.findall(r"\.entry\s+(\S+)\((.*?)\n}", text, re.DOTALL)
-    body = next(b for n, b in bodies if kernel in n)
-    ops = []
-    for line in body.splitlines():
-        line = line.strip()
-        if not line or line.startswith(("//", ".", "{", "}", "$", ")")) or line.endswith(":"):
-            continue
-        line = re.sub(r"^@!?%\w+\s+", "", line)  # predicate guard
-        ops.append(line.split()[0].rstrip(";"))
-    return ops
+    return _ptx(name, kernel, arch)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
     python scripts/run_notebooks.py                       # every chapter
     python scripts/run_notebooks.py 00_method --record    # one chapter; write results/<gpu>/00_method.json
     python scripts/run_notebooks.py --out /tmp/executed   # keep the executed copies (with outputs)
+    python scripts/run_notebooks.py --record-compiler     # store compiler reports (needs nvcc, not a GPU)
 
 Recording needs a CUDA GPU: it sets KERNELBOOK_RECORD=1 for the kernel, and each chapter's last
 cell writes its record. The stored notebooks are never modified.
@@ -29,6 +30,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("chapters", nargs="*", help="notebook stems, e.g. 00_method (default: all)")
     ap.add_argument("--record", action="store_true", help="write results/<gpu>/<chapter>.json (GPU only)")
+    ap.add_argument("--record-compiler", action="store_true",
+                    help="store the compiler reports (results/compiler/), for builds without nvcc; no GPU needed")
     ap.add_argument("--out", type=Path, help="folder for the executed notebooks")
     ap.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds")
     args = ap.parse_args()
@@ -40,6 +43,8 @@ def main() -> int:
         if kernelbook.gpu() is None:
             ap.error("--record needs a CUDA GPU: without one the chapters show recorded results")
         os.environ["KERNELBOOK_RECORD"] = "1"
+    if args.record or args.record_compiler:
+        os.environ["KERNELBOOK_RECORD_COMPILER"] = "1"
     failed = []
     for p in paths:
         nb = nbformat.read(p, as_version=4)

@@ -86,3 +86,15 @@ def test_note_names_the_provenance():
     note = records.note_html(rec)
     for word in ("NVIDIA H200", "9.0", "580", "2.11.0", "2026-11-29", "abc", "admonition"):
         assert word in note
+
+
+COMPILER_RECORDS = sorted(build.COMPILER_RESULTS.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", COMPILER_RECORDS, ids=[p.stem for p in COMPILER_RECORDS])
+def test_no_compiler_report_is_stale(path):
+    """A build without nvcc shows these reports: they must describe today's kernel sources."""
+    rec = json.loads(path.read_text())
+    assert rec["provenance"]["kernels"] == build.source_hashes(rec["kernel"]), (
+        f"kernels/{rec['kernel']} changed after its compiler reports were recorded: run its chapter where nvcc "
+        f"is installed with KERNELBOOK_RECORD_COMPILER=1 (scripts/run_notebooks.py --record-compiler)")

@@ -252,7 +252,41 @@ PAGE_REPORT = r"""
   const errors = Array.from(document.querySelectorAll(errorSel)).map(e => e.textContent.slice(0, 200));
   const text = document.body.innerText;
   if (text.includes('Traceback (most recent call last)')) errors.push('a traceback in the page text');
+  // What a reader meets: truncated or cramped tables, raw Markdown, code or math wider than the page.
+  const visible = (e) => !!(e.offsetWidth || e.offsetHeight || e.getClientRects().length);
+  const cells = Array.from(document.querySelectorAll('article td, article th'))
+    .filter(c => !c.closest('.highlight, .linenos, pre') && visible(c));
+  const truncated = cells.filter(c => /…|\.\.\.$/.test(c.innerText.trim())).map(c => c.innerText.trim().slice(0, 80));
+  const cramped = cells.filter(c => {
+    const st = getComputedStyle(c);
+    return parseFloat(st.paddingLeft) + parseFloat(st.paddingRight) < 4 && c.innerText.trim();
+  }).map(c => c.innerText.trim().slice(0, 40));
+  const prose = document.createTreeWalker(document.querySelector('article') || document.body, NodeFilter.SHOW_TEXT);
+  const rawMd = [];
+  for (let n = prose.nextNode(); n; n = prose.nextNode()) {
+    const el = n.parentElement;
+    if (!el || el.closest('pre, code, script, style, .highlight, mjx-container, .math, .cell_input, .output, textarea')) continue;
+    const m = n.textContent.match(/`[^`\s][^`]*`|\*\*[^*\s][^*]*\*\*|\\_|\[[^\]]+\]\([^)]+\)/);
+    if (m) rawMd.push(m[0].slice(0, 80));
+  }
+  const wide = Array.from(document.querySelectorAll('article pre')).filter(visible)
+    .filter(p => p.scrollWidth > p.clientWidth + 2)
+    .map(p => (p.innerText.split('\n').find(l => l.length > 88) || p.innerText.split('\n')[0]).slice(0, 100));
+  const articleRight = (document.querySelector('article') || document.body).getBoundingClientRect().right;
+  const clippedMath = Array.from(document.querySelectorAll('article mjx-container[display="true"]'))
+    .filter(visible).filter(m => m.scrollWidth > m.clientWidth + 2 ||
+      (m.firstElementChild && m.firstElementChild.getBoundingClientRect().right > articleRight + 2))
+    .map(m => m.textContent.slice(0, 60));
+  const launch = Array.from(document.querySelectorAll('a[href]')).map(a => a.href)
+    .filter(h => /colab\.research|mybinder|REPLACE-ME/i.test(h));
   return {
+    height: Math.max(document.documentElement.scrollHeight, document.body.scrollHeight),
+    truncated_cells: truncated,
+    cramped_cells: cramped,
+    raw_markdown: rawMd,
+    wide_code: wide,
+    clipped_math: clippedMath,
+    launch_links: launch,
     title: document.title,
     images: imgs.map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth})),
     math: math.length,
@@ -263,6 +297,15 @@ PAGE_REPORT = r"""
   };
 })()
 """
+
+
+HEIGHT_BUDGET = 16_000  # CSS px at 1280 px wide, dropdowns closed: a chapter read in one sitting
+CAPSTONE_BUDGET = 20_000
+
+
+def budget(page: str) -> int:
+    """The rendered-height budget of a page (capstone chapters get a little more)."""
+    return CAPSTONE_BUDGET if "capstone" in page else HEIGHT_BUDGET
 
 
 def problems(report: dict) -> list[str]:
@@ -277,6 +320,13 @@ def problems(report: dict) -> list[str]:
     out += [f"raw math left in the text: {m}" for m in report["raw_math"]]
     out += [f"error output: {e}" for e in report["errors"]]
     out += [f"script error: {e}" for e in report["js_errors"]]
+    out += [f"truncated table cell: {c!r}" for c in report.get("truncated_cells", [])]
+    out += [f"table cell without padding (numbers run together): {c!r}" for c in report.get("cramped_cells", [])[:5]]
+    out += [f"raw Markdown in the prose: {m!r}" for m in report.get("raw_markdown", [])]
+    out += [f"code wider than the page: {c!r}" for c in report.get("wide_code", [])]
+    out += [f"equation clipped: {m!r}" for m in report.get("clipped_math", [])]
+    out += [f"launch button to a placeholder repository: {u}" for u in report.get("launch_links", [])
+            if "REPLACE-ME" in u]
     return out
 
 

@@ -1,0 +1,110 @@
+"""One code path that times a chapter's variants and declares them in its record.
+
+A chapter (or a development script) hands ``run`` a dict of ``Variant``s: the function to time and
+what it is — who provides it (ours, eager, compile, cuDNN, cuBLAS, torch), the mode, the arithmetic
+it computes in, its FLOP and byte counts, and its role in the chapter. On a GPU each is timed inside
+its NVTX range ``<chapter>/<variant>`` (``kb.timing.bench``) under its TF32 setting, and the timings
+and the declarations go into the record; without one the recorded timings are read back. Either
+way the same table comes out, with achieved GB/s and TFLOP/s where counts are declared.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from . import precision, timing
+
+PROVIDERS = ("ours", "eager", "compile", "cudnn", "cublas", "torch")
+
+
+@dataclass
+class Variant:
+    """A measured variant: ``fn`` plus its declaration (everything but ``fn`` goes into the record)."""
+
+    fn: Callable[[], object] | None
+    provider: str
+    mode: str = ""
+    math: str = "fp32"          # fp32 | tf32 | 3xtf32 | fp64: corrected from the profile by ``math_from_profile``
+    counts: Mapping[str, float] = field(default_factory=dict)  # {"flop": …, "bytes": …}
+    role: str = "baseline"      # headline | baseline | reference-rate | control | …
+    tf32: bool | None = None    # run under kb.precision.tf32(tf32) (None: as the settings are)
+    note: str = ""
+
+    def declaration(self) -> dict:
+        if self.provider not in PROVIDERS:
+            raise ValueError(f"provider {self.provider!r} is not one of {', '.join(PROVIDERS)}")
+        d = {"provider": self.provider, "mode": self.mode, "math": self.math, "role": self.role,
+             "counts": {k: float(v) for k, v in self.counts.items()}}
+        if self.tf32 is not None:
+            d["tf32_allowed"] = self.tf32
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+def declare(rec: dict, variants: Mapping[str, Variant]) -> None:
+    """Put the variants' declarations into the record (a live record only: a stored one keeps its own)."""
+    if rec.get("live"):
+        rec.setdefault("variants", {}).update({n: v.declaration() for n, v in variants.items()})
+
+
+def run(rec: dict, variants: Mapping[str, Variant], warmup: int = 25, rep: int = 100):
+    """Time every variant live (or read the recorded times) and return ``results(rec, variants)``."""
+    declare(rec, variants)
+    if rec.get("live"):
+        for name, v in variants.items():
+            if v.fn is None:
+                raise ValueError(f"variant {name!r} has no function to time")
+            if v.tf32 is None:
+                rec["timings_ms"][name] = timing.bench(v.fn, rec["chapter"], name, warmup, rep)
+            else:
+                with precision.tf32(v.tf32):
+                    rec["timings_ms"][name] = timing.bench(v.fn, rec["chapter"], name, warmup, rep)
+    return results(rec, list(variants))
+
+
+def results(rec: dict, names: Iterable[str] | None = None):
+    """A table of the recorded variants: provider, math, median/q20/q80 ms, GB/s and TFLOP/s."""
+    import pandas as pd
+
+    decl = rec.get("variants", {})
+    names = list(names) if names is not None else list(rec["timings_ms"])
+    missing = [n for n in names if n not in rec["timings_ms"]]
+    if missing:
+        raise KeyError(f"no timings for {missing} in the {rec['chapter']} record: re-record the chapter")
+    rows = []
+    for n in names:
+        t, d = rec["timings_ms"][n], decl.get(n, {})
+        row = {"variant": n, "provider": d.get("provider", ""), "math": d.get("math", ""),
+               "median ms": t["median"], "q20 ms": t["q20"], "q80 ms": t["q80"]}
+        c = d.get("counts", {})
+        if "bytes" in c:
+            row["GB/s"] = timing.gbps(c["bytes"], t["median"])
+        if "flop" in c:
+            row["TFLOP/s"] = timing.tflops(c["flop"], t["median"])
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("variant")
+
+
+_TF32_KERNEL = re.compile(r"tf32|s1688|s16816|_tf32|xmma.*tf32", re.I)
+
+
+def math_from_kernels(kernel_names: Iterable[str]) -> str:
+    """'tf32' if any kernel name says it ran on tensor cores in TF32 (cuDNN's and cuBLAS's say so),
+    else 'fp32'. Triton kernels do not say; their arithmetic shows in their error against float64."""
+    return "tf32" if any(_TF32_KERNEL.search(k) for k in kernel_names) else "fp32"
+
+
+def math_from_profile(rec: dict, profile_rows: Iterable[Mapping]) -> dict[str, str]:
+    """Correct each declared variant's ``math`` from the kernels its profile shows; returns them."""
+    by_variant: dict[str, list[str]] = {}
+    for r in profile_rows:
+        by_variant.setdefault(r["variant"], []).append(r["kernel"])
+    found = {v: math_from_kernels(ks) for v, ks in by_variant.items()}
+    if rec.get("live"):
+        for v, m in found.items():
+            if v in rec.get("variants", {}):
+                rec["variants"][v]["math"] = m
+    return found

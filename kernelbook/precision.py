@@ -1,0 +1,64 @@
+"""The book's one TF32 switch, and its policy.
+
+PyTorch lets cuDNN run a float32 convolution in TF32 by default and keeps float32 matrix products in
+full float32; whether a convolution *does* use TF32 is cuDNN's choice of algorithm at run time. The
+book's policy, stated once: our kernels always compute in float32 (FFMA); every baseline is measured
+with PyTorch's defaults (so as a user would get it), and where TF32 could change a baseline's time it
+is measured a second time with TF32 off (variant names ending in ``_fp32``). Which arithmetic a
+baseline used is read from the kernels its profile shows, and its error against float64 is shown.
+
+Newer PyTorch versions configure TF32 through ``fp32_precision`` ("tf32" or "ieee") and refuse to
+mix that with the older ``allow_tf32`` flags, so every setting and reading goes through this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def _new_api() -> bool:
+    import torch
+
+    return hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision")
+
+
+def state() -> dict[str, bool]:
+    """Whether TF32 is allowed now for cuDNN convolutions and for float32 matrix products."""
+    import torch
+
+    if _new_api():
+        mm = torch.backends.cuda.matmul.fp32_precision
+        if mm == "none":  # not set: the process-wide default decides
+            mm = torch.backends.fp32_precision
+        return {"conv": torch.backends.cudnn.conv.fp32_precision == "tf32", "matmul": mm == "tf32"}
+    return {"conv": bool(torch.backends.cudnn.allow_tf32), "matmul": bool(torch.backends.cuda.matmul.allow_tf32)}
+
+
+def _set(conv: bool, matmul: bool) -> None:
+    import torch
+
+    if _new_api():
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if conv else "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "tf32" if conv else "ieee"  # kept equal to conv's
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
+    else:
+        torch.backends.cudnn.allow_tf32 = conv
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+@contextmanager
+def tf32(conv: bool, matmul: bool | None = None) -> Iterator[None]:
+    """Allow (True) or forbid (False) TF32 for convolutions and, if given, matrix products; the
+    previous settings come back on exit. ``tf32(False, False)`` is strict float32 everywhere."""
+    before = state()
+    _set(conv, before["matmul"] if matmul is None else matmul)
+    try:
+        yield
+    finally:
+        _set(before["conv"], before["matmul"])
+
+
+def defaults() -> None:
+    """PyTorch's defaults: cuDNN may use TF32 for convolutions; matrix products stay float32."""
+    _set(conv=True, matmul=False)
