@@ -265,7 +265,8 @@ PAGE_REPORT = r"""
   const rawMd = [];
   for (let n = prose.nextNode(); n; n = prose.nextNode()) {
     const el = n.parentElement;
-    if (!el || el.closest('pre, code, script, style, .highlight, mjx-container, .math, .cell_input, .output, textarea')) continue;
+    const skipMd = 'pre, code, script, style, .highlight, mjx-container, .math, .cell_input, .output, textarea';
+    if (!el || el.closest(skipMd)) continue;
     const m = n.textContent.match(/`[^`\s][^`]*`|\*\*[^*\s][^*]*\*\*|\\_|\[[^\]]+\]\([^)]+\)/);
     if (m) rawMd.push(m[0].slice(0, 80));
   }
