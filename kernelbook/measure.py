@@ -31,6 +31,7 @@ class Variant:
     role: str = "baseline"      # headline | baseline | reference-rate | control | …
     tf32: bool | None = None    # run under kb.precision.tf32(tf32) (None: as the settings are)
     note: str = ""
+    row: str = ""               # the intro's results-table row it belongs to: "<problem> | <operation>"
 
     def declaration(self) -> dict:
         if self.provider not in PROVIDERS:
@@ -41,6 +42,8 @@ class Variant:
             d["tf32_allowed"] = self.tf32
         if self.note:
             d["note"] = self.note
+        if self.row:
+            d["row"] = self.row
         return d
 
 

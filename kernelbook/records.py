@@ -126,5 +126,15 @@ def stale(rec: dict, kernels_root: Path = KERNELS) -> list[str]:
 
 
 def all_records(root: Path = RESULTS) -> list[Path]:
-    """Every chapter record of every GPU (results/compiler/ holds compiler reports, not GPU records)."""
-    return sorted(p for p in root.glob("*/*.json") if p.parent.name != "compiler")
+    """Every chapter record of every GPU (not results/compiler/'s compiler reports, nor the GPU evidence)."""
+    return sorted(p for p in root.glob("*/*.json") if p.parent.name != "compiler" and p.stem != EVIDENCE)
+
+
+EVIDENCE = "gpu_evidence"  # results/<gpu>/gpu_evidence.json: what the GPU tests and compute-sanitizer passed on
+
+
+def made_on(rec: dict, gpu_slug: str) -> bool:
+    """Whether ``rec`` (a chapter record or GPU evidence) was made on the GPU ``gpu_slug`` names ('h200')."""
+    from .device import slug
+
+    return slug(rec["provenance"]["gpu"]) == gpu_slug

@@ -27,8 +27,8 @@ MARKER = "# Self-sufficiency:"  # the first line of the cell starts with this; i
 TAGS = ["hide-input"]
 
 TEMPLATE = '''\
-# Self-sufficiency: on Colab or a fresh machine, fetch and install what this chapter needs; elsewhere a no-op.
-# (The same cell opens every chapter; it is written by scripts/first_cell.py.)
+# Self-sufficiency: on Colab or a fresh machine, fetch the book and what it needs;
+# elsewhere a no-op. (Every chapter opens with this cell: scripts/first_cell.py.)
 import importlib.util
 import os
 import subprocess
@@ -37,24 +37,29 @@ from pathlib import Path
 
 REPO_URL = "{repo_url}"
 if importlib.util.find_spec("kernelbook") is None:
-    root = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "kernelbook" / "__init__.py").is_file()), None)
-    if root is None:  # the notebook was opened on its own (Colab, a download): fetch the repository beside it
+    up = [Path.cwd(), *Path.cwd().parents]
+    root = next((p for p in up if (p / "kernelbook" / "__init__.py").is_file()), None)
+    if root is None:  # opened on its own (Colab, a download): clone the book beside it
         root = Path.cwd() / Path(REPO_URL).name
         if not root.is_dir():
-            subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-    needed = {{"torch": "torch", "ninja": "ninja", "nvtx": "nvtx", "myst_nb": "myst-nb", "numpy": "numpy",
-              "pandas": "pandas", "matplotlib": "matplotlib", "sympy": "sympy", "yaml": "pyyaml"}}
-    missing = [pkg for mod, pkg in needed.items() if importlib.util.find_spec(mod) is None]
-    if missing:  # a CUDA PyTorch already present (Colab) is kept
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
+            git = ["git", "clone", "--depth", "1", REPO_URL, str(root)]
+            subprocess.run(git, check=True)
+    need = {{"ninja": "ninja", "nvtx": "nvtx", "myst_nb": "myst-nb", "sympy": "sympy"}}
+    missing = [p for m, p in need.items() if importlib.util.find_spec(m) is None]
+    if missing:  # Colab's CUDA PyTorch, numpy, pandas and matplotlib are kept
+        pip = [sys.executable, "-m", "pip", "install", "-q", *missing]
+        subprocess.run(pip, check=True)
     sys.path.insert(0, str(root))
     os.chdir(root / "notebooks")
     importlib.invalidate_caches()
     import torch
 
     if not torch.cuda.is_available():
-        print("No CUDA GPU in this runtime: GPU measurements will be loaded from recorded results. "
-              "On Colab, pick a GPU under Runtime > Change runtime type to run them live.")'''
+        print("No CUDA GPU here: GPU results are loaded from records. On Colab, pick "
+              "a GPU under Runtime > Change runtime type to run them live.")
+    elif torch.cuda.get_device_capability() < (8, 0):
+        print("A GPU older than sm_80 (a T4 is sm_75) has no TF32, so TF32 baselines "
+              "run in float32, and less shared memory, so kernels take smaller plans.")'''
 
 
 def repo_url(root: Path = ROOT) -> str:
@@ -95,6 +100,9 @@ def apply(path: Path, source: str) -> bool:
     if ours and first == ours[0] and len(ours) == 1:  # keep the old id when nothing moved
         old = json.loads(raw)["cells"][ours[0]]
         cells[first]["id"] = old.get("id", cells[first]["id"])
+    # Colab opens the chapter on a GPU runtime
+    nb.setdefault("metadata", {})["accelerator"] = "GPU"
+    nb["metadata"].setdefault("colab", {}).update({"gpuType": "T4", "provenance": []})
     new = json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
     if new == raw:
         return False

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything a GPU must confirm, in one run: every chapter executed live and recorded, the GPU tests,
-# and compute-sanitizer over every kernel. Logs and executed notebooks go to OUTDIR.
+# and compute-sanitizer over every kernel; then results/<gpu>/gpu_evidence.json records which kernel
+# sources the tests and the sanitizer passed on (scripts/gpu_evidence.py). Logs and executed notebooks
+# go to OUTDIR.
 #
 #   scripts/gpu_session.sh OUTDIR [chapter ...]      (default: every chapter)
 #
@@ -30,18 +32,24 @@ $py scripts/run_notebooks.py --record --out "$out/executed" "$@" 2>&1 | tee "$ou
 cp -r results "$out/" 2>/dev/null
 
 step "GPU tests"
-$py -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/pytest-gpu.log" | tail -n 15
+$py -m pytest -q -m gpu -p no:cacheprovider --junitxml="$out/pytest-gpu.xml" tests 2>&1 | tee "$out/pytest-gpu.log" | tail -n 15
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck initcheck synccheck; do
     step "compute-sanitizer --tool $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 1 $py scripts/sanitize.py ${KERNELBOOK_SANITIZE:-} 2>&1 \
-      | tee "$out/sanitizer-$tool.log" | tail -n 4
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    compute-sanitizer --tool "$tool" --error-exitcode 1 $py scripts/sanitize.py ${KERNELBOOK_SANITIZE:-} \
+      > "$out/sanitizer-$tool.log" 2>&1
+    rc=$?
+    echo "$rc" > "$out/sanitizer-$tool.rc"
+    tail -n 4 "$out/sanitizer-$tool.log"
+    [ "$rc" = 0 ] || status=1
   done
 else
   echo "compute-sanitizer not installed: sanitizer runs skipped" | tee "$out/sanitizer-skipped.log"
 fi
+
+step "GPU evidence record"
+$py scripts/gpu_evidence.py "$out" || status=1
 step "done, status $status"
 exit $status

@@ -187,13 +187,25 @@ def conv3d_gn_mean() -> None:
 
 
 
+def gemm_3xtf32() -> None:
+    if torch.cuda.get_device_capability() < (8, 0):
+        return
+    mod = kb.build.load("gemm_3xtf32")
+    for m, n, k in ((1, 4, 4), (37, 12, 20), (130, 132, 36), (129, 260, 1028)):
+        a = check.rand([m, k], seed=m, device="cuda", low=-1, high=1)
+        b = check.rand([k, n], seed=n, device="cuda", low=-1, high=1)
+        for passes in (1, 3):
+            check.assert_close(mod.gemm_tf32(a, b, passes), a.double() @ b.double(), tol=1e-3,
+                               what=f"gemm {m}x{n}x{k} passes={passes}")
+
+
 WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings,
              "ceilings": ceilings, "group_stats": group_stats, "conv_bn_scale": conv_bn_scale,
-             "conv3d_gn_mean": conv3d_gn_mean}
+             "conv3d_gn_mean": conv3d_gn_mean, "gemm_3xtf32": gemm_3xtf32}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)
     for name in names:
         WORKLOADS[name]()
         torch.cuda.synchronize()
-        print(f"{name}: ok")
+        print(f"workload {name}: ok", flush=True)

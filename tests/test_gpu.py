@@ -91,3 +91,12 @@ def test_live_record_has_provenance():
     rec = kb.records.new("00_method", ["scale"])
     assert rec["live"] and rec["provenance"]["gpu"] == torch.cuda.get_device_name()
     assert set(rec["provenance"]["kernels"]) == {"kernels/scale.cu", "kernels/scale.cpp", "kernels/torch_checks.h"}
+
+
+def test_kernels_are_forward_only_and_say_so(scale):
+    """An input autograd tracks is refused by name, never silently detached; under no_grad it runs."""
+    x = torch.ones(8, device="cuda", requires_grad=True)
+    with pytest.raises(RuntimeError, match="x requires grad, but this kernel is forward-only"):
+        scale.scale(x, 2.0)
+    with torch.no_grad():
+        assert torch.equal(scale.scale(x, 2.0), torch.full((8,), 2.0, device="cuda"))

@@ -13,7 +13,10 @@ from kernelbook.paths import NOTEBOOKS, ROOT
 CHAPTERS = sorted(NOTEBOOKS.glob("*.ipynb"))
 SKELETON = ["Question", "Setup", "Idea", "Kernel", "Check", "Measure", "Profile", "Takeaways", "Exercises"]
 GLUE_USE = re.compile(r"\{glue(?::\w+)?\}`([A-Za-z_][A-Za-z0-9_]*)")
-GLUE_DEF = re.compile(r"""\bglue\(\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
+GLUE_DEF = re.compile(r"""\bglue(?:_md)?\(\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
+CODE_WIDTH = 88  # characters of code the rendered page's text column shows without scrolling
+CELL_LINES = 40
+BOOK_CODE_LINES = 2600  # all chapters together: the idea, the call, the check, the result; plumbing lives elsewhere
 
 
 def _nb(path):
@@ -62,11 +65,44 @@ def test_every_glued_name_in_prose_is_computed(path):
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
-def test_exercise_solutions_are_hidden(path):
+def test_exercise_solutions_are_hidden_under_a_solution_dropdown(path):
     cells = _nb(path)["cells"]
     sols = [c for c in cells if c["cell_type"] == "code" and "".join(c["source"]).startswith("# Solution")]
     assert len(sols) >= 2, f"{path.name} has fewer than two exercise solutions"
-    assert all("hide-cell" in c["metadata"].get("tags", []) for c in sols)
+    for c in sols:
+        assert "hide-cell" in c["metadata"].get("tags", []), f"{path.name}: a solution shown open"
+        assert c["metadata"].get("mystnb", {}).get("code_prompt_show") == "Solution", (
+            f"{path.name}: a solution's dropdown is not labelled 'Solution'")
+
+
+def _code(path) -> list[list[str]]:
+    return ["".join(c["source"]).splitlines() for c in _nb(path)["cells"] if c["cell_type"] == "code"]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_code_fits_the_page(path):
+    """Code lines fit the text column and a cell fits a screen: nothing scrolls sideways."""
+    wide = [line for cell in _code(path) for line in cell if len(line) > CODE_WIDTH]
+    assert not wide, f"{path.name}: {len(wide)} code lines over {CODE_WIDTH} characters, e.g. {wide[0]!r}"
+    long = [len(cell) for cell in _code(path) if len(cell) > CELL_LINES]
+    assert not long, f"{path.name}: code cells of {long} lines (at most {CELL_LINES})"
+
+
+def test_the_book_shows_ideas_not_plumbing():
+    total = {p.stem: sum(len(c) for c in _code(p)) for p in CHAPTERS}
+    assert sum(total.values()) <= BOOK_CODE_LINES, f"{sum(total.values())} lines of notebook code: {total}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_bookkeeping_is_out_of_sight(path):
+    """The record is saved by a cell the reader never sees; tables go through kb.show.table."""
+    for c in _nb(path)["cells"]:
+        src = "".join(c["source"])
+        if c["cell_type"] != "code":
+            continue
+        if "kb.records.save(" in src:
+            assert "remove-cell" in c["metadata"].get("tags", []), f"{path.name}: the record-saving cell shows"
+        assert ".style.format" not in src and "show_source(" not in src, f"{path.name}: raw pandas or source dump"
 
 
 def test_toc_lists_every_chapter_and_nothing_missing():

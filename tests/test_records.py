@@ -98,3 +98,22 @@ def test_no_compiler_report_is_stale(path):
     assert rec["provenance"]["kernels"] == build.source_hashes(rec["kernel"]), (
         f"kernels/{rec['kernel']} changed after its compiler reports were recorded: run its chapter where nvcc "
         f"is installed with KERNELBOOK_RECORD_COMPILER=1 (scripts/run_notebooks.py --record-compiler)")
+
+
+def test_gpu_evidence_covers_todays_kernels_and_is_clean():
+    """The GPU tests and all four compute-sanitizer tools passed on exactly today's kernel sources."""
+    from kernelbook.paths import RESULTS
+
+    path = RESULTS / records.DEFAULT_GPU / f"{records.EVIDENCE}.json"
+    assert path.is_file(), f"{path} is missing: run scripts/gpu_session.sh on the GPU"
+    ev = json.loads(path.read_text())
+    assert records.made_on(ev, records.DEFAULT_GPU)
+    now = {f"kernels/{p.name}": build.file_sha256(p) for p in sorted(KERNELS.iterdir()) if p.is_file()}
+    changed = sorted(k for k in now.keys() | ev["provenance"]["kernels"].keys()
+                     if now.get(k) != ev["provenance"]["kernels"].get(k))
+    assert not changed, f"kernel sources changed since the GPU tests and compute-sanitizer last passed: {changed}"
+    t = ev["tests"]
+    assert t["passed"] > 0 and t["failed"] == 0 and t["errors"] == 0, t
+    assert set(ev["sanitizer"]) == {"memcheck", "racecheck", "initcheck", "synccheck"}, ev["sanitizer"].keys()
+    for tool, s in ev["sanitizer"].items():
+        assert s["exit_code"] == 0 and s["errors"] == 0 and s["workloads"], (tool, s)

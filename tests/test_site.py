@@ -412,11 +412,12 @@ def browser():
     b.close()
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    from test_book import build_site  # one build per test session, shared with test_book
+@pytest.fixture(scope="module", params=["toolkit", "no-toolkit"])
+def site(request, tmp_path_factory) -> Path:
+    """The built site: with the CUDA toolkit and CUDA PyTorch, and without either (Python alone)."""
+    from test_book import build_site  # one build of each per test session, shared with test_book
 
-    return build_site(tmp_path_factory)
+    return build_site(tmp_path_factory, request.param)
 
 
 @pytest.fixture(scope="module")
@@ -579,12 +580,15 @@ def test_no_page_links_a_script_stylesheet_or_font_from_another_host(site):
 
 
 @pytest.mark.book
-def test_every_chapter_has_a_download_and_a_colab_button(site):
+def test_every_chapter_has_a_download_and_a_launch_button_only_with_a_real_address(site):
+    """Every chapter offers its stored notebook; a Colab button appears only on chapter pages, and only
+    when repository.url is a real address (with the placeholder it could only lead nowhere)."""
     import yaml
 
     from kernelbook.paths import ROOT
 
     repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    placeholder = "REPLACE-ME" in repo["url"]
     chapters = sorted((site / "notebooks").glob("*.html"))
     assert chapters
     for page in chapters:
@@ -594,4 +598,17 @@ def test_every_chapter_has_a_download_and_a_colab_button(site):
         assert all(c.get("outputs", []) == [] for c in stored["cells"]), "the download is the stored notebook"
         gh = repo["url"].removeprefix("https://github.com/")
         colab = f"https://colab.research.google.com/github/{gh}/blob/{repo['branch']}/notebooks/{page.stem}.ipynb"
-        assert colab in html, f"{page.name}: no Colab button for {colab}"
+        if placeholder:
+            assert "colab.research.google.com/github" not in html, f"{page.name}: a Colab button to a placeholder"
+        else:
+            assert colab in html, f"{page.name}: no Colab button for {colab}"
+    for page in pages(site):
+        if not page.relative_to(site).as_posix().startswith("notebooks/"):
+            assert "colab.research.google.com/github" not in page.read_text(), f"{page.name}: a launch button"
+
+
+@pytest.mark.book
+def test_every_page_fits_its_height_budget(rendered):
+    """A chapter reads in one sitting: its height at 1280 px wide, dropdowns closed, within budget."""
+    over = {p: r["height"] for p, r in rendered.items() if "height" in r and r["height"] > budget(p)}
+    assert not over, f"pages taller than their budget ({HEIGHT_BUDGET:,} px, capstones {CAPSTONE_BUDGET:,}): {over}"

@@ -1,0 +1,65 @@
+"""The 3xTF32 tensor-core matrix product: float32-accurate against float64, plain TF32 visibly not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernelbook as kb
+from kernelbook import check
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(256, 256, 256), (130, 132, 36), (1, 4, 4), (37, 12, 20), (129, 260, 1028), (4096, 64, 72), (5, 8, 0)]
+
+
+@pytest.fixture(scope="module")
+def mod():
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("TF32 tensor cores need sm_80 or newer")
+    return kb.build.load("gemm_3xtf32")
+
+
+def _ref(a, b):
+    return a.double() @ b.double()
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_3xtf32_matches_float64_like_float32(mod, m, n, k):
+    a = check.rand([m, k], seed=m + k, device="cuda", low=-1, high=1)
+    b = check.rand([k, n], seed=n + 7 * k, device="cuda", low=-1, high=1)
+    out = mod.gemm_tf32(a, b, 3)
+    ref = _ref(a, b)
+    tol = check.dot_tol(max(k, 1), _ref(a.abs(), b.abs()), ref) if k else 0.0
+    check.assert_close(out, ref, tol=max(tol, 1e-7) if k else 1e-30, what=f"3xTF32 {m}x{n}x{k}")
+
+
+def test_plain_tf32_is_visibly_less_accurate(mod):
+    a = check.rand([512, 512], seed=1, device="cuda", low=-1, high=1)
+    b = check.rand([512, 512], seed=2, device="cuda", low=-1, high=1)
+    ref = _ref(a, b)
+    e1 = check.report(mod.gemm_tf32(a, b, 1), ref, tol=1.0)["rel_err"]
+    e3 = check.report(mod.gemm_tf32(a, b, 3), ref, tol=1.0)["rel_err"]
+    assert e1 > 1e-5 and e3 < 1e-6 and e1 > 50 * e3, (e1, e3)
+
+
+def test_shifted_inputs_stay_float32_accurate(mod):
+    """Operands far from zero: the split's lo part carries the digits TF32 drops."""
+    a = check.rand([256, 128], seed=3, device="cuda", low=999, high=1001)
+    b = check.rand([128, 64], seed=4, device="cuda", low=-1, high=1)
+    ref = _ref(a, b)
+    tol = check.dot_tol(128, _ref(a.abs(), b.abs()), ref)
+    check.assert_close(mod.gemm_tf32(a, b, 3), ref, tol=tol, what="3xTF32 shifted")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: (torch.ones(8, 6, device="cuda"), torch.ones(6, 8, device="cuda")), "multiples of 4"),
+    (lambda: (torch.ones(8, 8, device="cuda"), torch.ones(4, 8, device="cuda")), "inner sizes differ"),
+    (lambda: (torch.ones(8, device="cuda"), torch.ones(8, 8, device="cuda")), "must be a matrix"),
+    (lambda: (torch.ones(8, 8, device="cuda").double(), torch.ones(8, 8, device="cuda")), "must be float32"),
+    (lambda: (torch.ones(9, 8, device="cuda")[1:], torch.ones(8, 8, device="cuda")), "16-byte boundary"),
+])
+def test_bad_input_is_named(mod, make, message):
+    a, b = make()
+    with pytest.raises(RuntimeError, match=message):
+        mod.gemm_tf32(a, b, 3)
