@@ -108,6 +108,7 @@ def math_from_profile(rec: dict, profile_rows: Iterable[Mapping]) -> dict[str, s
     found = {v: math_from_kernels(ks) for v, ks in by_variant.items()}
     if rec.get("live"):
         for v, m in found.items():
-            if v in rec.get("variants", {}):
-                rec["variants"][v]["math"] = m
+            d = rec.get("variants", {}).get(v)
+            if d is not None and d["math"] in ("fp32", "tf32"):  # fp64, 3xtf32: declared by their kernels
+                d["math"] = m
     return found
