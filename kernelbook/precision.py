@@ -7,8 +7,12 @@ with PyTorch's defaults (so as a user would get it), and where TF32 could change
 is measured a second time with TF32 off (variant names ending in ``_fp32``). Which arithmetic a
 baseline used is read from the kernels its profile shows, and its error against float64 is shown.
 
-Newer PyTorch versions configure TF32 through ``fp32_precision`` ("tf32" or "ieee") and refuse to
-mix that with the older ``allow_tf32`` flags, so every setting and reading goes through this module.
+PyTorch 2.9 added ``fp32_precision`` settings beside the older ``allow_tf32`` flags and refuses to
+*read* the old flags once the new ones hold a TF32 choice the old ones cannot express ("a mix of the
+legacy and new APIs"). torch.compile's Inductor still reads the old flags (seen with torch 2.11 on an
+H200: compiling P73's convolution after setting ``torch.backends.cuda.matmul.fp32_precision`` raised
+that error), while setting the old flags keeps both views consistent (the new settings then read
+"tf32" or "ieee" to match). So this module sets the old flags, and every chapter sets TF32 only here.
 """
 
 from __future__ import annotations
@@ -17,34 +21,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-def _new_api() -> bool:
-    import torch
-
-    return hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision")
-
-
 def state() -> dict[str, bool]:
     """Whether TF32 is allowed now for cuDNN convolutions and for float32 matrix products."""
     import torch
 
-    if _new_api():
-        mm = torch.backends.cuda.matmul.fp32_precision
-        if mm == "none":  # not set: the process-wide default decides
-            mm = torch.backends.fp32_precision
-        return {"conv": torch.backends.cudnn.conv.fp32_precision == "tf32", "matmul": mm == "tf32"}
     return {"conv": bool(torch.backends.cudnn.allow_tf32), "matmul": bool(torch.backends.cuda.matmul.allow_tf32)}
 
 
 def _set(conv: bool, matmul: bool) -> None:
     import torch
 
-    if _new_api():
-        torch.backends.cudnn.conv.fp32_precision = "tf32" if conv else "ieee"
-        torch.backends.cudnn.rnn.fp32_precision = "tf32" if conv else "ieee"  # kept equal to conv's
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
-    else:
-        torch.backends.cudnn.allow_tf32 = conv
-        torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = conv
+    torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
 @contextmanager
