@@ -13,12 +13,13 @@ def test_ruff_is_clean():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-INTERNAL = r"issue ?#?[0-9]|the issue's|lead engineer|RATIONALES|still to be written|will be written"
+# (each word with one letter in brackets, so that this file does not match its own pattern)
+INTERNAL = r"[i]ssue ?#?[0-9]|the [i]ssue's|lead [e]ngineer|RATIONALE[S]|still to be [w]ritten|will be [w]ritten"
 PRODUCT = ["notebooks", "book", "README.md", "kernels", "kernelbook", "scripts", "tests", "solutions"]
 
 
 def test_the_product_speaks_of_its_subject_not_of_how_it_is_made():
-    """Readers never see the team's tracker, reviews or files: no "issue 8", no "RATIONALES.md"."""
+    """Readers never see the team's tracker, reviews or files, nor hear about work still to come."""
     import re
 
     pattern = re.compile(INTERNAL, re.IGNORECASE)
@@ -28,7 +29,5 @@ def test_the_product_speaks_of_its_subject_not_of_how_it_is_made():
         for p in paths:
             if p.is_file() and "_build" not in p.parts and p.suffix in {".md", ".ipynb", ".py", ".cu", ".cuh", ".cpp",
                                                                          ".h", ".yml", ".bib", ".txt", ".css"}:
-                if p.name == "test_lint.py":
-                    continue
                 hits += [f"{p.relative_to(ROOT)}: {m.group(0)!r}" for m in pattern.finditer(p.read_text())]
     assert not hits, "internal wording in the product:\n" + "\n".join(hits[:20])

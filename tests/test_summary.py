@@ -120,17 +120,6 @@ def test_pages_with_a_repository_warning_read_the_configured_address():
     assert "summary.PLACEHOLDER in url" in page, "the reproducing page warns while the address is a placeholder"
 
 
-def test_intro_calls_the_capstones_forthcoming_only_while_they_are_not_in_the_book():
-    toc = (ROOT / "_toc.yml").read_text()
-    capstones = sorted({r.chapter for r in summary.ROWS if "capstone" in r.chapter})
-    in_book = [c for c in capstones if f"notebooks/{c}" in toc]
-    intro = (ROOT / "book" / "intro.md").read_text()
-    if in_book:
-        assert "still to be written" not in intro, f"{in_book} are in the book: reword the intro's capstone sentence"
-    else:
-        assert "still to be written" in intro and "not in the table of contents yet" in intro
-
-
 def test_table_grows_with_records_and_reads_a_stored_floor(tmp_path):
     assert summary.rows("h200", root=tmp_path) == []
     assert "No chapter has recorded" in summary.markdown_table("h200", root=tmp_path)
