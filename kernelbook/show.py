@@ -168,16 +168,16 @@ def _strip_templates(s: str, keep_depth: int) -> str:
         elif depth > keep_depth:
             continue
         out.append(ch)
-    return "".join(out).replace("<>", "")
+    return re.sub(r"\s+>", ">", "".join(out).replace("<>", ""))
 
 
-def kernel_name(name: str, width: int = 48) -> str:
+def kernel_name(name: str, width: int = 56) -> str:
     """A kernel's name as a reader wants it: no return type, namespaces or parameter list, and
     template arguments only while they fit in ``width`` characters. The base name is never cut (a
     long one wraps in the table), so the meaningful parts — ``tf32``, ``f32``, tile sizes — stay.
 
-    'void at::native::vectorized_elementwise_kernel<4, at::native::MulFunctor<float>, ...>(int, ...)'
-    → 'vectorized_elementwise_kernel<4, MulFunctor>'
+    'void at::native::vectorized_elementwise_kernel<4, at::native::MulFunctor<float>, at::detail::Array<char*,
+    3> >(int, ...)' → 'vectorized_elementwise_kernel<4, MulFunctor, Array>'
     """
     s = re.sub(r"\((anonymous namespace|unnamed)\)::|<unnamed>::", "", name.strip())
     s = s.removeprefix("void ").strip()
@@ -190,12 +190,13 @@ def kernel_name(name: str, width: int = 48) -> str:
     s = re.sub(r"\b[A-Za-z_]\w*::", "", s)  # namespaces and enclosing classes
     s = re.sub(r"\((?:int|unsigned int|long|bool|unsigned|char)\)", "", s)
     s = re.sub(r"\s+", " ", s).strip()
-    for depth in (2, 1):
-        if len(s) <= width:
-            break
-        s = _strip_templates(s, depth)
-    if len(s) > width and "<" in s:
-        s = s[: s.index("<")]
+    if len(s) > width:
+        s = _strip_templates(s, 1)  # template arguments of template arguments go first
+    if len(s) > width and "<" in s:  # then trailing arguments, while at least one is left
+        base, args = s[: s.index("<")], [a.strip() for a in s[s.index("<") + 1: s.rindex(">")].split(",")]
+        while len(args) > 1 and len(f"{base}<{', '.join(args)}>") > width:
+            args.pop()
+        s = f"{base}<{', '.join(args)}>" if len(f"{base}<{args[0]}>") <= width else base
     return s
 
 
