@@ -44,20 +44,14 @@ if importlib.util.find_spec("kernelbook") is None:
         if not root.is_dir():
             git = ["git", "clone", "--depth", "1", REPO_URL, str(root)]
             subprocess.run(git, check=True)
-    need = {{"ninja": "ninja", "nvtx": "nvtx", "myst_nb": "myst-nb", "sympy": "sympy"}}
-    missing = [p for m, p in need.items() if importlib.util.find_spec(m) is None]
-    if missing:  # Colab's CUDA PyTorch, numpy, pandas and matplotlib are kept
-        pip = [sys.executable, "-m", "pip", "install", "-q", *missing]
-        subprocess.run(pip, check=True)
+    pkgs = ["ninja", "nvtx", "myst-nb", "sympy"]  # Colab's PyTorch, pandas, ... are kept
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pkgs], check=True)
     sys.path.insert(0, str(root))
     os.chdir(root / "notebooks")
     importlib.invalidate_caches()
     import torch
 
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: GPU results are loaded from records. On Colab, pick "
-              "a GPU under Runtime > Change runtime type to run them live.")
-    elif torch.cuda.get_device_capability() < (8, 0):
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
         print("A GPU older than sm_80 (a T4 is sm_75) has no TF32, so TF32 baselines "
               "run in float32, and less shared memory, so kernels take smaller plans.")'''
 
