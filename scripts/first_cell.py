@@ -44,7 +44,7 @@ if importlib.util.find_spec("kernelbook") is None:
         if not root.is_dir():
             git = ["git", "clone", "--depth", "1", REPO_URL, str(root)]
             subprocess.run(git, check=True)
-    pkgs = ["ninja", "nvtx", "myst-nb", "sympy"]  # Colab's PyTorch, pandas, ... are kept
+    pkgs = ["ninja", "nvtx", "myst-nb", "sympy"]  # Colab already has PyTorch, pandas
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pkgs], check=True)
     sys.path.insert(0, str(root))
     os.chdir(root / "notebooks")
