@@ -42,6 +42,12 @@ def glue(name: str, value) -> None:
     _glue(name, value, display=False)
 
 
+def glue_all(values: dict) -> None:
+    """``glue`` each ``name: value`` of a dict literal (the notebook test reads the names from it)."""
+    for name, value in values.items():
+        glue(name, value)
+
+
 def glue_md(name: str, text: str) -> None:
     """Store Markdown for the prose, rendered as Markdown there (``{glue:md}`name```): for glued
     sentences that carry code, emphasis or links, which ``{glue:text}`` would show as raw syntax."""
@@ -51,6 +57,6 @@ def glue_md(name: str, text: str) -> None:
     _glue(name, Markdown(text), display=False)
 
 
-__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "glue_md", "gpu", "measure",
+__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "glue_all", "glue_md", "gpu", "measure",
            "paths", "plots", "precision", "problems", "profile", "records", "roofline", "show", "summary", "timing",
            "variance"]

@@ -29,7 +29,8 @@ class Variant:
     math: str = "fp32"          # fp32 | tf32 | 3xtf32 | fp64: corrected from the profile by ``math_from_profile``
     counts: Mapping[str, float] = field(default_factory=dict)  # {"flop": …, "bytes": …}
     role: str = "baseline"      # headline | baseline | reference-rate | control | …
-    tf32: bool | None = None    # run under kb.precision.tf32(tf32) (None: as the settings are)
+    tf32: bool | None = None    # run with TF32 allowed for convolutions or not (None: as the settings are)
+    tf32_matmul: bool | None = None  # the same for float32 matrix products
     note: str = ""
     row: str = ""               # the intro's results-table row it belongs to: "<problem> | <operation>"
 
@@ -40,6 +41,8 @@ class Variant:
              "counts": {k: float(v) for k, v in self.counts.items()}}
         if self.tf32 is not None:
             d["tf32_allowed"] = self.tf32
+        if self.tf32_matmul is not None:
+            d["tf32_matmul_allowed"] = self.tf32_matmul
         if self.note:
             d["note"] = self.note
         if self.row:
@@ -60,11 +63,11 @@ def run(rec: dict, variants: Mapping[str, Variant], warmup: int = 25, rep: int =
         for name, v in variants.items():
             if v.fn is None:
                 raise ValueError(f"variant {name!r} has no function to time")
-            if v.tf32 is None:
+            now = precision.state()
+            conv = now["conv"] if v.tf32 is None else v.tf32
+            matmul = now["matmul"] if v.tf32_matmul is None else v.tf32_matmul
+            with precision.tf32(conv, matmul):
                 rec["timings_ms"][name] = timing.bench(v.fn, rec["chapter"], name, warmup, rep)
-            else:
-                with precision.tf32(v.tf32):
-                    rec["timings_ms"][name] = timing.bench(v.fn, rec["chapter"], name, warmup, rep)
     return results(rec, list(variants))
 
 

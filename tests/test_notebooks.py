@@ -14,6 +14,8 @@ CHAPTERS = sorted(NOTEBOOKS.glob("*.ipynb"))
 SKELETON = ["Question", "Setup", "Idea", "Kernel", "Check", "Measure", "Profile", "Takeaways", "Exercises"]
 GLUE_USE = re.compile(r"\{glue(?::\w+)?\}`([A-Za-z_][A-Za-z0-9_]*)")
 GLUE_DEF = re.compile(r"""\bglue(?:_md)?\(\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
+GLUE_ALL = re.compile(r"glue_all\(\{(.*?)\}\)", re.DOTALL)  # kb.glue_all({"name": value, ...})
+DICT_KEY = re.compile(r"""^\s*["']([A-Za-z_][A-Za-z0-9_]*)["']\s*:""", re.MULTILINE)
 CODE_WIDTH = 88  # characters of code the rendered page's text column shows without scrolling
 CELL_LINES = 40
 BOOK_CODE_LINES = 2600  # all chapters together: the idea, the call, the check, the result; plumbing lives elsewhere
@@ -60,7 +62,9 @@ def test_chapter_skeleton_in_order(path):
 def test_every_glued_name_in_prose_is_computed(path):
     cells = _nb(path)["cells"]
     used = {m for c in cells if c["cell_type"] == "markdown" for m in GLUE_USE.findall("".join(c["source"]))}
-    defined = {m for c in cells if c["cell_type"] == "code" for m in GLUE_DEF.findall("".join(c["source"]))}
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    defined = {m for src in code for m in GLUE_DEF.findall(src)}
+    defined |= {m for src in code for block in GLUE_ALL.findall(src) for m in DICT_KEY.findall(block)}
     assert used <= defined, f"{path.name}: prose uses glue names no cell computes: {sorted(used - defined)}"
 
 
