@@ -57,6 +57,6 @@ def glue_md(name: str, text: str) -> None:
     _glue(name, Markdown(text), display=False)
 
 
-__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "glue_all", "glue_md", "gpu", "measure",
-           "paths", "plots", "precision", "problems", "profile", "records", "roofline", "show", "summary", "timing",
-           "variance"]
+__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "glue_all", "glue_md", "gpu",
+           "measure", "paths", "plots", "precision", "problems", "profile", "records", "roofline", "show", "summary",
+           "timing", "variance"]
