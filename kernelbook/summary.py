@@ -1,18 +1,17 @@
 """The book's results at a glance: one row per fused operation, read from the chapters' records.
 
-The intro page shows ``markdown_table()``, built when the book is built, so the table grows as
-chapters record results and never holds a typed number. Each row names the record variants it
-reads: eager PyTorch, ``torch.compile`` (if the chapter timed it), ours, and the floor, the least
-time the operation can take on that GPU:
+The intro page shows ``markdown_table()``, built when the book is built, so the table never holds a
+typed number. A chapter puts a variant in the table by declaring it with ``row="<problem> |
+<operation>"`` (``kb.measure.Variant(..., row=...)``): its eager baseline, its ``torch.compile``
+baseline if it has one, and its own kernel (provider ``ours``) — one of each per row. Nothing here
+names a variant.
 
-* for a memory-bound operation, its ``floor_passes`` passes over the tensor at the device-to-device
-  copy rate measured in the same run (a copy is two passes);
-* otherwise the value the chapter stored as ``record["floor_ms"][<ours variant>]``, if any;
-* otherwise the roofline bound, max(FLOP / FP32 rate, bytes / copy rate), of the operation's counts
-  (``kernelbook.roofline``) with the ceilings the roofline chapter measured (03_roofline: its FFMA
-  kernel and its copy), for variants that compute in FP32. The FP32 rate is that *measured* FFMA
-  rate, not the nominal peak (SMs × lanes × 2 × clock) a chapter may divide by, so a chapter's
-  "% of the FFMA peak" and this table's "% of floor" can differ by a little.
+The floor of a row is the least time its operation can take on that GPU: the roofline bound of the
+counts the chapter declared for its kernel, max(FLOP / FP32 rate, bytes / copy rate). The FP32 rate is
+the fastest FP32 reference rate the roofline chapter (03_roofline) measured (its FFMA kernel); the copy
+rate is the record's own reference-rate copy when the chapter timed one in the same run, else the
+roofline chapter's. Those are measured rates, not datasheet peaks, so a chapter's "% of the FFMA peak"
+(SMs × lanes × 2 × clock) and this table's "% of floor" can differ by a little.
 
 It also says how the page was built (``built_on``) and whether the repository's address is still the
 placeholder (``repository_url``), so the front matter states neither as a typed fact.
@@ -22,49 +21,23 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from .paths import RESULTS, ROOT
-from .records import DEFAULT_GPU
+from .records import DEFAULT_GPU, all_records
 
-COPY = "copy_torch"  # the device-to-device copy every memory-bound chapter times beside its kernels
 ROOFLINE = "03_roofline"  # the chapter that measures the ceilings: FP32 FMA throughput and copy bandwidth
-FFMA = "ffma_ours"  # its FMA-throughput kernel
-
-
-@dataclass(frozen=True)
-class Row:
-    """One fused operation: which problem, which chapter's record, which variants, which floor."""
-
-    problem: str
-    what: str
-    chapter: str
-    eager: str
-    ours: str
-    compiled: str | None = None
-    floor_passes: float | None = None  # passes over the tensor at the copy rate (None: record["floor_ms"])
-
-
-ROWS: list[Row] = [
-    Row("P73", "`· 2.0` alone, 1 GiB", "00_method", "scale_torch", "scale_ours", floor_passes=2),
-    Row("P73", "BN · 2.0, training", "01_bn_modes", "eager_bn_scale", "ours_bn_scale_train",
-        compiled="compile_bn_scale", floor_passes=3),
-    Row("P73", "BN · 2.0, eval", "01_bn_modes", "eager_bn_scale_eval", "ours_bn_scale_eval", floor_passes=2),
-    Row("P73", "conv + BN · 2.0 folded, eval", "02_bn_folding", "eager_eval", "ours_fast", compiled="compile_eval"),
-    Row("P73", "whole problem, training", "06_capstone_conv_bn_scale", "eager_train", "ours_train",
-        compiled="compile_train"),
-    Row("P73", "whole problem, eval", "06_capstone_conv_bn_scale", "eager_eval", "ours_eval", compiled="compile_eval"),
-    Row("P27", "whole problem", "07_capstone_conv3d_groupnorm_mean", "eager", "ours", compiled="compile"),
-]
 
 COLUMNS = ["problem", "operation", "ch.", "eager ms", "compile ms", "ours ms", "× eager", "× compile",
            "% of floor"]
 
 
-def _load(chapter: str, gpu_slug: str, root: Path) -> dict | None:
-    p = root / gpu_slug / f"{chapter}.json"
-    return json.loads(p.read_text()) if p.is_file() else None
+def _slug(gpu_slug: str | None) -> str:
+    return gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
+
+
+def _records(slug: str, root: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in all_records(root) if p.parent.name == slug]
 
 
 def _median(rec: dict, variant: str | None) -> float | None:
@@ -72,75 +45,66 @@ def _median(rec: dict, variant: str | None) -> float | None:
     return None if t is None else float(t["median"])
 
 
-def ceilings(gpu_slug: str | None = None, root: Path = RESULTS) -> tuple[float, float] | None:
-    """FP32 FLOP/s and copy bytes/s as the roofline chapter measured them on ``gpu_slug`` (None if not)."""
-    rec = _load(ROOFLINE, gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU), root)
-    try:
-        counts, t = rec["counts"], rec["timings_ms"]
-        peak = counts[FFMA]["flop"] / (t[FFMA]["median"] * 1e-3)
-        bandwidth = (counts[COPY]["read"] + counts[COPY]["write"]) / (t[COPY]["median"] * 1e-3)
-    except (KeyError, TypeError, ZeroDivisionError):
-        return None
-    return peak, bandwidth
-
-
-def _floor(row: Row, rec: dict, ceil: tuple[float, float] | None) -> tuple[float | None, str | None]:
-    """The row's floor in ms and how it was found: "copy", "stored" or "roofline" (None, None: unknown)."""
-    if row.floor_passes is not None:
-        copy = _median(rec, COPY)
-        return (None, None) if copy is None else (copy * row.floor_passes / 2, "copy")
-    stored = rec.get("floor_ms", {})
-    if isinstance(stored, dict) and row.ours in stored:
-        return float(stored[row.ours]), "stored"
-    if ceil is None:
-        return None, None
-    from . import roofline
-
-    placed = roofline.placed(rec).get(row.ours)
-    if placed is None or placed.math != "fp32":
-        return None, None
-    return roofline.bound_ms(placed.counts, *ceil), "roofline"
-
-
-def floor_ms(row: Row, rec: dict, ceil: tuple[float, float] | None = None) -> float | None:
-    """The row's floor in ms (see the module's docstring for the three ways it is found)."""
-    return _floor(row, rec, ceil)[0]
-
-
-def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
-    """The table's rows (numbers, not text) for every row whose chapter has a record on ``gpu_slug``."""
-    slug = gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
-    ceil = ceilings(slug, root)
-    out = []
-    for row in ROWS:
-        rec = _load(row.chapter, slug, root)
-        if rec is None:
+def reference_rates(rec: dict | None) -> dict[str, float]:
+    """The fastest FP32 FLOP rate ("flop", FLOP/s) and copy bandwidth ("bytes", bytes/s) among the record's
+    variants declared with role "reference-rate" (a copy declares bytes only; an FFMA kernel, FLOPs)."""
+    out: dict[str, float] = {}
+    for v, d in (rec or {}).get("variants", {}).items():
+        ms, counts = _median(rec, v), d.get("counts", {})
+        if d.get("role") != "reference-rate" or not ms:
             continue
-        eager, comp, ours = _median(rec, row.eager), _median(rec, row.compiled), _median(rec, row.ours)
-        floor, basis = _floor(row, rec, ceil)
-        out.append({
-            "problem": row.problem, "operation": row.what, "chapter": row.chapter,
-            "eager ms": eager, "compile ms": comp, "ours ms": ours,
-            "× eager": eager / ours if eager and ours else None,
-            "× compile": comp / ours if comp and ours else None,
-            "% of floor": 100 * floor / ours if floor and ours else None,
-            "floor": basis if floor and ours else None,
-            "gpu": rec["provenance"]["gpu"], "torch": rec["provenance"]["torch"], "date": rec["provenance"]["date"],
-        })
+        kind = "flop" if "flop" in counts and d.get("math") == "fp32" else "bytes" if "flop" not in counts else None
+        if kind and kind in counts:
+            out[kind] = max(out.get(kind, 0.0), counts[kind] / (ms * 1e-3))
     return out
 
 
-def missing(gpu_slug: str | None = None, root: Path = RESULTS) -> list[str]:
-    """Variants a row names that its (existing) record lacks: the table and the record disagree."""
-    slug = gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
+def ceilings(gpu_slug: str | None = None, root: Path = RESULTS) -> tuple[float, float] | None:
+    """FP32 FLOP/s and copy bytes/s as the roofline chapter measured them on ``gpu_slug`` (None if not)."""
+    rec = next((r for r in _records(_slug(gpu_slug), root) if r["chapter"] == ROOFLINE), None)
+    rates = reference_rates(rec)
+    return (rates["flop"], rates["bytes"]) if {"flop", "bytes"} <= rates.keys() else None
+
+
+def table_rows(rec: dict) -> dict[tuple[str, str], dict[str, str]]:
+    """{(problem, operation): {provider: variant}} for the variants ``rec`` declares with a row."""
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for v, d in rec.get("variants", {}).items():
+        if d.get("row"):
+            problem, _, operation = d["row"].partition(" | ")
+            out.setdefault((problem.strip(), operation.strip()), {})[d["provider"]] = v
+    return out
+
+
+def floor_ms(rec: dict, variant: str, ceil: tuple[float, float] | None) -> float | None:
+    """The roofline bound of ``variant``'s declared counts (module docstring), in ms; None if unknown."""
+    d = rec.get("variants", {}).get(variant, {})
+    counts = d.get("counts", {})
+    if ceil is None or d.get("math", "fp32") != "fp32" or not counts:
+        return None
+    peak, bandwidth = ceil
+    bandwidth = reference_rates(rec).get("bytes", bandwidth)
+    return 1e3 * max(counts.get("flop", 0.0) / peak, counts.get("bytes", 0.0) / bandwidth)
+
+
+def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
+    """The table's rows (numbers, not text), chapter by chapter, in the order the chapters declared them."""
+    slug = _slug(gpu_slug)
+    ceil = ceilings(slug, root)
     out = []
-    for row in ROWS:
-        rec = _load(row.chapter, slug, root)
-        if rec is None:
-            continue
-        for v in (row.eager, row.ours, row.compiled) + ((COPY,) if row.floor_passes else ()):
-            if v and _median(rec, v) is None:
-                out.append(f"{row.chapter}: {v}")
+    for rec in sorted(_records(slug, root), key=lambda r: r["chapter"]):
+        for (problem, operation), by in table_rows(rec).items():
+            eager, comp, ours = (_median(rec, by.get(p)) for p in ("eager", "compile", "ours"))
+            floor = floor_ms(rec, by["ours"], ceil) if "ours" in by else None
+            out.append({
+                "problem": problem, "operation": operation, "chapter": rec["chapter"],
+                "eager ms": eager, "compile ms": comp, "ours ms": ours,
+                "× eager": eager / ours if eager and ours else None,
+                "× compile": comp / ours if comp and ours else None,
+                "% of floor": 100 * floor / ours if floor and ours else None,
+                "gpu": rec["provenance"]["gpu"], "torch": rec["provenance"]["torch"],
+                "date": rec["provenance"]["date"],
+            })
     return out
 
 
@@ -174,32 +138,20 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
                  f"cuDNN use TF32 for convolutions; ours compute in FP32. — where a chapter did not time that "
                  f"variant or no floor is known.")
     lines.append("")
-    lines.append(_floor_note(rs, gpu_slug, root))
+    lines.append(_floor_note(gpu_slug, root))
     return "\n".join(lines)
 
 
-def _floor_note(rs: list[dict], gpu_slug: str | None, root: Path) -> str:
-    """What "% of floor" divides by, per kind of row, with the measured ceilings where a row uses them."""
-    kinds = {r["floor"] for r in rs}
-    parts = []
-    if "copy" in kinds:
-        parts.append("for a memory-bound row, the operation's unavoidable passes over its tensor at the "
-                     "device-to-device copy rate the same chapter measured in the same run")
-    if "roofline" in kinds:
-        chapters = sorted({int(r["chapter"][:2]) for r in rs if r["floor"] == "roofline"})
-        peak, bandwidth = ceilings(gpu_slug, root) or (float("nan"), float("nan"))
-        parts.append(f"for a row with real arithmetic (chapter{'s' * (len(chapters) > 1)} "
-                     f"{', '.join(map(str, chapters))}), the roofline bound with the "
-                     f"ceilings the roofline chapter (3) measured: {peak / 1e12:.1f} TFLOP/s from its own FFMA "
-                     f"kernel and {bandwidth / 1e9:,.0f} GB/s from its copy. That measured FFMA rate is not the "
-                     f"nominal FFMA peak (SMs × FP32 lanes × 2 FLOP × clock) that a chapter's \"% of the FFMA "
-                     f"peak\" divides by, so the two percentages of the same kernel can differ by a little")
-    if "stored" in kinds:
-        parts.append("for a row whose chapter derives its own floor, the one stored with its record")
-    if not parts:
-        return "*% of floor*: 100 % is as fast as the hardware allows."
-    return "*% of floor* is the floor's time over ours (100 % is as fast as the hardware allows): " + "; ".join(
-        parts) + "."
+def _floor_note(gpu_slug: str | None, root: Path) -> str:
+    """What "% of floor" divides by, with the measured ceilings it uses."""
+    peak, bandwidth = ceilings(gpu_slug, root) or (float("nan"), float("nan"))
+    return ("*% of floor* is the floor's time over ours (100 % is as fast as the hardware allows). The floor is "
+            "the operation's least FLOPs and DRAM bytes at measured rates — whichever takes longer: "
+            f"{peak / 1e12:.1f} TFLOP/s from the roofline chapter's FFMA kernel, and the device-to-device copy "
+            f"rate measured in the same chapter's run where it timed one, else the roofline chapter's "
+            f"{bandwidth / 1e9:,.0f} GB/s. The FFMA rate is measured, not the nominal peak (SMs × FP32 lanes × 2 "
+            "FLOP × clock) that a chapter's \"% of the FFMA peak\" divides by, so the two percentages of the "
+            "same kernel can differ by a little.")
 
 
 def built_on() -> str:
@@ -226,8 +178,7 @@ def repository_url(root: Path = ROOT) -> str:
 
 def torch_versions(gpu_slug: str | None = None, root: Path = RESULTS) -> list[str]:
     """The PyTorch versions the records on ``gpu_slug`` were made with (the GPU machine's own torch)."""
-    slug = gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
-    return sorted({json.loads(p.read_text())["provenance"]["torch"] for p in (root / slug).glob("*.json")})
+    return sorted({r["provenance"]["torch"] for r in _records(_slug(gpu_slug), root)})
 
 
 def pinned(package: str, root: Path = ROOT) -> str | None:
