@@ -124,7 +124,12 @@ def table_html(data, formats: Mapping[str, str | Callable] | None = None, title:
         cells = [f'<th class="kb-row">{html.escape(str(idx))}</th>'] if show_index else []
         for c, v in zip(cols, row, strict=True):
             text, numeric = _cell(v, kinds[c])
-            cells.append(f'<td class="kb-num">{text}</td>' if numeric else f"<td>{text}</td>")
+            if numeric:
+                cells.append(f'<td class="kb-num">{text}</td>')
+            elif any(len(word) > 24 for word in text.split()):  # a kernel name: may break anywhere
+                cells.append(f'<td class="kb-long">{text}</td>')
+            else:  # words stay whole
+                cells.append(f"<td>{text}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     body = (f'<table class="kb-table"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")
