@@ -9,6 +9,18 @@
 
 // From scale.cu.
 cudaError_t launch_scale(const float* x, float* y, float s, int64_t n, cudaStream_t stream);
+void scale_config(int* threads, int* unroll, int* vec_bytes);
+
+// The kernel's tiling constants: threads per block, float4 loads per thread, bytes per vector access.
+pybind11::dict config() {
+    int threads = 0, unroll = 0, vec_bytes = 0;
+    scale_config(&threads, &unroll, &vec_bytes);
+    pybind11::dict d;
+    d["threads"] = threads;
+    d["unroll"] = unroll;
+    d["vec_bytes"] = vec_bytes;
+    return d;
+}
 
 // out = s * x, written into a caller-provided tensor (the checker passes a NaN-poisoned one).
 torch::Tensor scale_out(const torch::Tensor& x, double s, torch::Tensor out) {
@@ -35,4 +47,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("s"));
     m.def("scale_out", &scale_out, "out = s * x, into a preallocated tensor of x's shape", pybind11::arg("x"),
           pybind11::arg("s"), pybind11::arg("out"));
+    m.def("config", &config, "the kernel's tiling constants: threads, unroll, vec_bytes");
 }

@@ -102,3 +102,14 @@ def test_dot_tol_bounds_a_float32_dot_product_and_grows_with_cancellation():
     assert tol < 72 * check.FP32_UNIT_ROUNDOFF * 100  # not vacuous for this data
     assert check.dot_tol(72, abs_ref, ref * 1e-3) > 100 * tol  # cancellation (small result) loosens it
     assert check.dot_tol(1, torch.ones(3), torch.ones(3)) == 1e-6  # the floor
+
+
+def test_element_wise_error_explodes_where_norm_wise_does_not():
+    # The method chapter's exercise 1: order-1 data with entries near zero, off by one ulp of 1.0
+    # everywhere. Element-wise relative error is huge at the near-zero entries; norm-wise stays ~u.
+    r = check.rand([1000], seed=7, low=-1, high=1).double()
+    r[::100] = 1e-9
+    o = r + 2.0**-23
+    elementwise = ((o - r).abs() / r.abs()).max().item()
+    normwise = check.report(o, r, tol=1e-6)["rel_err"]
+    assert normwise < 1e-6 and elementwise > 1e2
