@@ -16,7 +16,10 @@
 #include "torch_checks.h"
 
 // From bn_train.cu.
-int bn_train_splits(int64_t N, int64_t C, int64_t HW, int sm_count);
+int bn_train_splits(int64_t N, int64_t C, int64_t HW, int resident_blocks);
+cudaError_t bn_stats_resident_blocks(bool vec4, int* sm_count, int* blocks_per_sm);
+bool bn_train_vec4(const float* x, const float* y, int64_t HW);
+void bn_train_config(int* threads, int* unroll, int64_t* max_values_per_block);
 int64_t bn_max_plane();
 int64_t bn_train_partial_floats(int64_t C, int splits);
 cudaError_t launch_bn_scale_train(const float* x, float* y, const float* weight, const float* bias,
@@ -102,10 +105,11 @@ std::vector<torch::Tensor> bn_scale_train(const torch::Tensor& x, const std::opt
              kb::shape_str(x.sizes()));
 
     const c10::cuda::CUDAGuard guard(x.device());
-    int sms = 0;
-    kb::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()), kOp,
-                   "reading the device's multiprocessor count");
-    const int splits = bn_train_splits(N, C, HW, sms);
+    int sms = 0, per_sm = 0;  // the stats grid: at most one wave, as the occupancy API counts it
+    kb::check_cuda(bn_stats_resident_blocks(bn_train_vec4(x.data_ptr<float>(), y.data_ptr<float>(), HW), &sms,
+                                            &per_sm),
+                   kOp, "asking the occupancy of the statistics kernel");
+    const int splits = bn_train_splits(N, C, HW, sms * per_sm);
     const auto fopts = x.options();
     torch::Tensor stats = torch::empty({2, C}, fopts);                       // mean, biased variance
     torch::Tensor mab = torch::empty({3, C}, fopts);                         // per channel: y = (x − m)·a + b
@@ -148,8 +152,44 @@ torch::Tensor bn_scale_eval(const torch::Tensor& x, const std::optional<torch::T
     return y;
 }
 
+// The statistics grid bn_scale_train launches for an aligned (N, C, H, W) input on the current device.
+pybind11::dict stats_grid(int64_t N, int64_t C, int64_t H, int64_t W) {
+    KB_CHECK(N > 0 && C > 0 && H > 0 && W > 0 && N * H * W > 1, kOp, ": stats_grid needs a shape with more than "
+             "1 value per channel");
+    const int64_t HW = H * W;
+    int sms = 0, per_sm = 0;
+    kb::check_cuda(bn_stats_resident_blocks(HW % 4 == 0, &sms, &per_sm), kOp,
+                   "asking the occupancy of the statistics kernel");
+    const int splits = bn_train_splits(N, C, HW, sms * per_sm);
+    pybind11::dict d;
+    d["vec4"] = HW % 4 == 0;
+    d["sm_count"] = sms;
+    d["blocks_per_sm"] = per_sm;
+    d["resident_blocks"] = sms * per_sm;
+    d["splits"] = splits;
+    d["blocks"] = C * splits;
+    d["waves"] = static_cast<double>(C * splits) / (sms * per_sm);
+    return d;
+}
+
+// The kernels' compile-time constants (threads per block, loads per thread per trip, values per stats block).
+pybind11::dict config() {
+    int threads = 0, unroll = 0;
+    int64_t max_values = 0;
+    bn_train_config(&threads, &unroll, &max_values);
+    pybind11::dict d;
+    d["threads"] = threads;
+    d["unroll"] = unroll;
+    d["max_values_per_block"] = max_values;
+    d["max_plane"] = bn_max_plane();
+    return d;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     using pybind11::arg;
+    m.def("stats_grid", &stats_grid, "The statistics grid (splits per channel, blocks, waves) for an input shape.",
+          arg("N"), arg("C"), arg("H"), arg("W"));
+    m.def("config", &config, "The kernels' compile-time constants.");
     m.def("bn_scale_train", &bn_scale_train,
           "Training-mode BatchNorm2d(x) * scale with batch statistics; updates the running statistics in place. "
           "Returns (y, batch mean, biased batch variance).",

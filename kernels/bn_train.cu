@@ -15,10 +15,15 @@
 //      block (0, 0) also counts the batch (num_batches_tracked += 1).
 // Eval mode is step 2 alone, with a and b computed per block from the running statistics.
 //
-// Memory traffic in training mode: 3 passes over the tensor (read, read, write) — the minimum for an
-// exact batch-norm whose statistics must be known before the first output is written.
+// Memory traffic in training mode: 3 passes over the tensor (read, read, write) — the minimum for a
+// batch-norm that is handed the tensor: its statistics must be known before the first output is
+// written. (Fused with the convolution that produces x, the statistics can also come from recomputing
+// the convolution or from the input's moments; chapter 6 does the latter.)
+//
+// The stats grid is sized by the occupancy API (bn_stats_resident_blocks): at most one wave.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -28,7 +33,8 @@ namespace {
 
 constexpr int kThreads = 256;   // 8 warps
 constexpr int kUnroll = 4;      // vector loads in flight per thread per loop trip
-constexpr int kBlocksPerSM = 8; // stats grid: about one full wave of 256-thread blocks
+// The stats grid is at most one wave: as many blocks as the GPU holds at once, as the occupancy API
+// reports for bn_stats_kernel's registers and shared memory (bn_stats_resident_blocks), never a guess.
 // A block's state counts its values in float: keep each block's share under 2^24 values.
 constexpr int64_t kMaxValuesPerBlock = int64_t{1} << 22;
 
@@ -82,6 +88,7 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
     const int64_t dn = kThreads / items_per_plane, dw = kThreads % items_per_plane;
     const VT* __restrict__ x = reinterpret_cast<const VT*>(p.x);
     kb::Welford<float> st{0.f, 0.f, 0.f};
+    // excerpt: stats_loop
     while (j < end) {
         float v[kUnroll * V];
         int k = 0;  // values loaded this trip
@@ -99,7 +106,9 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
         kb::welford_merge(st, kb::welford_of(v, k));
     }
     st = kb::welford_block_reduce(st, scratch);
+    // end excerpt: stats_loop
 
+    // excerpt: last_block
     if (threadIdx.x == 0) {
         p.partial[c * p.splits + s] = st;
         __threadfence();  // publish the state before announcing it
@@ -118,6 +127,7 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
     }
     tot = kb::welford_warp_reduce(tot);
     if (threadIdx.x != 0) return;
+    // end excerpt: last_block
 
     const double mean = tot.mean;
     const double var = tot.m2 / tot.n;                                   // biased: normalises this batch
@@ -162,10 +172,11 @@ __global__ void __launch_bounds__(kThreads) bn_apply_kernel(Params p) {
     const int64_t items_per_plane = p.HW / V;
     const VT* __restrict__ x = reinterpret_cast<const VT*>(p.x) + plane * items_per_plane;
     VT* __restrict__ y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
+    // excerpt: apply
     const int64_t base = static_cast<int64_t>(blockIdx.y) * kThreads * kUnroll + threadIdx.x;
     VT v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {  // all loads first (kUnroll in flight), then the stores
         const int64_t i = base + u * kThreads;
         if (i < items_per_plane) v[u] = x[i];
     }
@@ -174,12 +185,14 @@ __global__ void __launch_bounds__(kThreads) bn_apply_kernel(Params p) {
         const int64_t i = base + u * kThreads;
         if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
     }
+    // end excerpt: apply
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 // float4 path when every plane starts on a 16-byte boundary.
-bool use_vec4(const Params& p) { return p.HW % 4 == 0 && aligned16(p.x) && aligned16(p.y); }
+bool vec4_for(const float* x, const float* y, int64_t HW) { return HW % 4 == 0 && aligned16(x) && aligned16(y); }
+bool use_vec4(const Params& p) { return vec4_for(p.x, p.y, p.HW); }
 
 // The apply grid: one block per (plane, tile); planes in x (up to 2^31 − 1), tiles in y (up to 65535).
 bool apply_grid(const Params& p, dim3* grid) {
@@ -207,12 +220,53 @@ cudaError_t launch_apply(const Params& p, bool eval, cudaStream_t stream) {
 // The largest plane (H·W floats) the apply grid can cover: 65535 tiles of kThreads·kUnroll floats.
 int64_t bn_max_plane() { return int64_t{65535} * kThreads * kUnroll; }
 
-// Stats blocks per channel for an (N, C, HW) input: about one wave of blocks over the channels,
-// at least enough that no block's share exceeds kMaxValuesPerBlock, at most one per work item.
-int bn_train_splits(int64_t N, int64_t C, int64_t HW, int sm_count) {
+// The kernels' compile-time constants, for the chapter's diagrams and tables (never retyped there).
+void bn_train_config(int* threads, int* unroll, int64_t* max_values_per_block) {
+    *threads = kThreads;
+    *unroll = kUnroll;
+    *max_values_per_block = kMaxValuesPerBlock;
+}
+
+// Whether the kernels take the float4 path for these pointers and planes (else the scalar one).
+bool bn_train_vec4(const float* x, const float* y, int64_t HW) { return vec4_for(x, y, HW); }
+
+// Blocks of bn_stats_kernel the current device holds at once (SMs × resident blocks per SM), from
+// the occupancy API: the kernel's registers and shared memory decide. Asked once per device and path.
+cudaError_t bn_stats_resident_blocks(bool vec4, int* sm_count, int* blocks_per_sm) {
+    constexpr int kCachedDevices = 64;
+    static std::atomic<int> cache[kCachedDevices][2][2] = {};  // [device][vec4][sms, per SM]
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const bool cached = device < kCachedDevices && cache[device][vec4][1].load() > 0;
+    int sms = cached ? cache[device][vec4][0].load() : 0;
+    int per_sm = cached ? cache[device][vec4][1].load() : 0;
+    // excerpt: occupancy
+    if (!cached) {
+        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (err == cudaSuccess)
+            err = vec4 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bn_stats_kernel<4>, kThreads, 0)
+                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bn_stats_kernel<1>, kThreads, 0);
+        if (err != cudaSuccess) return err;
+        if (per_sm < 1) per_sm = 1;
+        if (device < kCachedDevices) {
+            cache[device][vec4][0].store(sms);
+            cache[device][vec4][1].store(per_sm);
+        }
+    }
+    *sm_count = sms;
+    *blocks_per_sm = per_sm;
+    return cudaSuccess;
+}
+
+// Stats blocks per channel for an (N, C, HW) input: one wave at most — the resident blocks shared
+// out over the channels, rounded down (a partial second wave would leave most SMs idle at its end) —
+// but at least enough that no block's share exceeds kMaxValuesPerBlock, at most one per work item.
+int bn_train_splits(int64_t N, int64_t C, int64_t HW, int resident_blocks) {
     if (C < 1 || N * HW < 1) return 1;
     const int64_t values = N * HW;
-    int64_t splits = (int64_t{sm_count} * kBlocksPerSM + C - 1) / C;
+    int64_t splits = int64_t{resident_blocks} / C;
+    if (splits < 1) splits = 1;
     const int64_t min_splits = (values + kMaxValuesPerBlock - 1) / kMaxValuesPerBlock;
     if (splits < min_splits) splits = min_splits;
     const int64_t items = HW % 4 == 0 ? values / 4 : values;
@@ -220,6 +274,7 @@ int bn_train_splits(int64_t N, int64_t C, int64_t HW, int sm_count) {
     if (splits > 65535) splits = 65535;
     return static_cast<int>(splits < 1 ? 1 : splits);
 }
+// end excerpt: occupancy
 
 // Floats of workspace for the stats blocks' partial states.
 int64_t bn_train_partial_floats(int64_t C, int splits) {

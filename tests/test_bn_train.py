@@ -22,6 +22,14 @@ def bn():
     return kb.build.load("bn_train", arch=None if kb.gpu() else "90")
 
 
+@pytest.fixture(autouse=True)
+def _no_grad():
+    """The kernels are forward-only: every test calls them as the chapter does, with grad mode off
+    (γ, β of an nn.BatchNorm2d are parameters that require grad; the binding refuses them otherwise)."""
+    with torch.no_grad():
+        yield
+
+
 def _reference(c, momentum, seed):
     ref = nn.BatchNorm2d(c, momentum=momentum).double()
     g = torch.Generator().manual_seed(seed)
@@ -33,7 +41,8 @@ def _reference(c, momentum, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 64, 126, 126), (3, 5, 7, 9), (4, 67, 33, 35), (2, 3, 256, 256),
-                                   (64, 256, 3, 3), (2, 8, 1, 1), (5, 7, 4, 4), (2, 1, 2, 1)])
+                                   (64, 256, 3, 3), (2, 8, 1, 1), (5, 7, 4, 4), (2, 1, 2, 1),
+                                   (2, 1500, 4, 4)])  # more channels than resident stats blocks
 @pytest.mark.parametrize("momentum", [0.1, None, 0.0, 1.0])
 def test_train_then_eval_match_float64(bn, shape, momentum):
     c = shape[1]
@@ -159,6 +168,50 @@ def test_bad_input_is_named(bn, call, message):
     n = torch.zeros((), dtype=torch.long, device="cuda")
     with pytest.raises(RuntimeError, match=message):
         call(bn, x, v, n)
+
+
+@pytest.mark.gpu
+def test_forward_only_refuses_tensors_autograd_tracks(bn):
+    """With grad mode on, a parameter (requires_grad) is refused with a message naming the op; the same
+    call under no_grad runs. The output is never silently detached from a graph."""
+    x = torch.rand(2, 4, 5, 5, device="cuda")
+    ref = nn.BatchNorm2d(4).cuda()
+    args = (ref.weight, ref.bias, ref.running_mean, ref.running_var, ref.num_batches_tracked, 0.1, 1e-5, 2.0)
+    with torch.enable_grad():
+        with pytest.raises(RuntimeError, match="bn_scale: weight requires grad, but this kernel is forward-only"):
+            bn.bn_scale_train(x, *args)
+        with pytest.raises(RuntimeError, match="bn_scale: x requires grad"):
+            bn.bn_scale_eval(x.requires_grad_(), ref.weight.detach(), None, ref.running_mean, ref.running_var,
+                             1e-5, 2.0)
+    y, _, _ = bn.bn_scale_train(x.detach(), *args)
+    assert not y.requires_grad and torch.isfinite(y).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(128, 64, 126, 126), (4, 67, 33, 35), (2, 3, 512, 512), (2, 1500, 4, 4),
+                                   (3, 5, 7, 9)])
+def test_stats_grid_is_at_most_one_wave(bn, shape):
+    """The statistics grid is sized by the occupancy API: the resident blocks shared out over the channels
+    (never more than one wave unless a channel needs one block), each block under 2^22 values."""
+    n, c, h, w = shape
+    g = bn.stats_grid(n, c, h, w)
+    props = torch.cuda.get_device_properties(0)
+    assert g["sm_count"] == props.multi_processor_count
+    assert 1 <= g["blocks_per_sm"] <= props.max_threads_per_multi_processor // bn.config()["threads"]
+    assert g["resident_blocks"] == g["sm_count"] * g["blocks_per_sm"]
+    assert g["blocks"] == c * g["splits"]
+    assert g["waves"] <= 1.0 or g["splits"] == 1
+    assert n * h * w <= g["splits"] * bn.config()["max_values_per_block"]
+    if c * 2 <= g["resident_blocks"] and n * h * w >= 4 * g["resident_blocks"]:
+        assert g["waves"] > 0.5  # and the wave is mostly full
+
+
+@pytest.mark.compile
+def test_config_reports_the_kernel_constants(bn):
+    cfg = bn.config()
+    assert cfg["threads"] % 32 == 0 and cfg["unroll"] >= 1
+    assert cfg["max_plane"] == 65535 * cfg["threads"] * cfg["unroll"]
+    assert cfg["max_values_per_block"] < 2**24  # a block's count is kept in float
 
 
 @pytest.mark.compile
