@@ -22,12 +22,34 @@ WARP = 32          # threads per warp (not 128)
 SECTOR = 32        # bytes per sector: the unit global memory is fetched in
 LINE = 128         # bytes per cache line: 4 sectors
 KINDS = ("ld", "st")
+FLAT_THREADS = 256  # kFlatThreads in kernels/mappings.cu: 1-D blocks of the flat mappings
+UNROLL = 4          # kUnroll in kernels/mappings.cu: independent accesses per thread in the unrolled mappings
+PLANE_CHUNK = FLAT_THREADS * UNROLL * 4  # kPlaneChunk: floats of one plane per block of planes_vec4_x4
 NCU_METRICS = {    # Nsight Compute's names for what the model predicts, per kind of access
     "ld": {"requests": "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
            "sectors": "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"},
     "st": {"requests": "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
            "sectors": "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"},
 }
+
+
+# Each mapping's kernel in kernels/mappings.cu, as the compiler's report and the profiler name it.
+KERNELS = {"flat": "flat_kernel", "flat_vec4": "flat_vec4_kernel", "channel_fastest": "channel_fastest_kernel",
+           "pixel_loop": "pixel_loop_kernel", "tile_7x18x4": "tile_kernel<18, 7, 4>",
+           "tile_8x8x8": "tile_kernel<8, 8, 8>", "rows_w_x4": "rows_kernel",
+           "channel_fastest_smem": "channel_fastest_smem_kernel", "flat_x4": "flat_x4_kernel",
+           "flat_vec4_x4": "flat_vec4_x4_kernel", "planes_vec4_x4": "planes_vec4_x4_kernel"}
+# Bytes of x one thread has requested before its first store, by the kernel's source (and its PTX): the
+# bytes it can have in flight. pixel_loop's 64 loads are independent, but how many the compiler issues
+# before the first store is its scheduler's choice, so it is not stated here.
+LOADED_AHEAD = {"flat": 4, "flat_vec4": 16, "channel_fastest": 4, "pixel_loop": float("nan"),
+                "tile_7x18x4": 4, "tile_8x8x8": 4, "rows_w_x4": 4, "channel_fastest_smem": 4,
+                "flat_x4": 4 * UNROLL, "flat_vec4_x4": 16 * UNROLL, "planes_vec4_x4": 16 * UNROLL}
+
+# Why warps wait (Nsight Compute, sm_70 and newer): warps stalled for each reason per issued instruction.
+STALL_REASONS = ("long_scoreboard", "lg_throttle", "mio_throttle", "short_scoreboard", "imc_miss",
+                 "barrier", "wait", "not_selected", "selected")
+NCU_STALLS = {r: f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALL_REASONS}
 
 
 def _dim3(v: int | Sequence[int]) -> tuple[int, int, int]:
@@ -355,7 +377,45 @@ def plot_footprint(addresses: Sequence[int] | np.ndarray, elem_bytes: int = 4,
     return ax
 
 
-# --- The chapter's kernels (kernels/mappings.cu): y = x·a[c] + b[c] over an NCHW tensor, seven mappings ---
+def lane_sectors(addresses: Sequence[int] | np.ndarray, elem_bytes: int = 4,
+                 active: Sequence[bool] | np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Which lane touches which sector in one warp's request: (the distinct sector numbers, in order,
+    and a bool matrix of lanes × those sectors). Inactive lanes have empty rows."""
+    a = np.asarray(addresses, dtype=np.int64)
+    act = np.ones(a.shape, dtype=bool) if active is None else np.asarray(active, dtype=bool)
+    first, last = a // SECTOR, (a + elem_bytes - 1) // SECTOR
+    sectors = np.unique(np.concatenate([first[act], last[act]]))
+    touch = (first[:, None] <= sectors[None, :]) & (sectors[None, :] <= last[:, None]) & act[:, None]
+    return sectors, touch
+
+
+def plot_lane_sectors(addresses: Sequence[int] | np.ndarray, elem_bytes: int = 4,
+                      active: Sequence[bool] | np.ndarray | None = None, title: str = "", ax=None,
+                      colour: str = "#c0392b"):
+    """Draw one warp's request as a lanes × sectors grid: a mark where a lane's bytes fall in a sector;
+    the columns are the distinct 32-byte sectors the request fetches, in address order (gaps between
+    sectors that are not adjacent in memory are drawn as thin lines)."""
+    import matplotlib.pyplot as plt
+
+    sectors, touch = lane_sectors(addresses, elem_bytes, active)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4, 3))
+    ax.imshow(touch, aspect="auto", interpolation="nearest", cmap=plt.matplotlib.colors.ListedColormap(
+        ["white", colour]), vmin=0, vmax=1, extent=(0, len(sectors), len(touch), 0))
+    for k in np.nonzero(np.diff(sectors) > 1)[0]:  # a jump in memory between neighbouring columns
+        ax.axvline(k + 1, color="#7f8c8d", lw=0.8)
+    ax.set_xlim(0, max(len(sectors), 4))
+    ax.set_ylim(len(touch), 0)
+    ax.set_xlabel(f"{len(sectors)} sectors")
+    ax.set_ylabel("lane")
+    ax.set_yticks([0, 8, 16, 24, 32])
+    ax.grid(False)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax
+
+
+# --- The chapter's kernels (kernels/mappings.cu): y = x·a[c] + b[c] over an NCHW tensor, eleven mappings ---
 
 @dataclass(frozen=True)
 class Scheme:
@@ -374,11 +434,11 @@ def _nchw(i: np.ndarray, shape: Sequence[int]) -> dict[str, np.ndarray]:
 
 
 def affine_schemes(shape: Sequence[int], base: int = 0) -> dict[str, Scheme]:
-    """The seven mappings of kernels/mappings.cu for an (N, C, H, W) float32 tensor, index math mirrored
+    """The eleven mappings of kernels/mappings.cu for an (N, C, H, W) float32 tensor, index math mirrored
     line by line; x and y both start ``base`` bytes past a 128-byte boundary (PyTorch's allocator: 0)."""
     n_, c_, h_, w_ = (int(d) for d in shape)
     hw, numel = h_ * w_, n_ * c_ * h_ * w_
-    flat = 256  # kFlatThreads
+    flat, unroll = FLAT_THREADS, UNROLL
 
     def pair(i, active, elem_bytes=4, tag=""):
         return [Access(f"x{tag}", "ld", i, active, elem_bytes, base),
@@ -432,7 +492,8 @@ def affine_schemes(shape: Sequence[int], base: int = 0) -> dict[str, Scheme]:
             h = t.by * th + t.ty
             n = t.bz // ct
             c = (t.bz % ct) * tc + t.tz
-            return {"n": n, "c": c, "h": h, "w": w, "active": (w < w_) & (h < h_) & (c < c_)}
+            return {"n": n, "c": c, "h": h, "w": w, "row": (n * c_ + c) * h_ + h,  # row across planes
+                    "active": (w < w_) & (h < h_) & (c < c_)}
 
         def mapping(t):
             d = idx(t)
@@ -451,11 +512,52 @@ def affine_schemes(shape: Sequence[int], base: int = 0) -> dict[str, Scheme]:
         d = rows_coords(t)
         return pair(((d["n"] * c_ + d["c"]) * h_ + d["h"]) * w_ + d["w"], d["active"])
 
+    def unrolled(n_items, elem_bytes):
+        """flat_x4 / flat_vec4_x4: block tile of flat·unroll items, thread t takes t + flat·u."""
+        def idx(t, u):
+            return t.block_id * (flat * unroll) + t.tid + flat * u
+
+        def mapping(t):
+            for u in range(unroll):  # all loads first, as the kernel issues them
+                yield Access(f"x[{u}]", "ld", idx(t, u), idx(t, u) < n_items, elem_bytes, base)
+            for u in range(unroll):
+                yield Access(f"y[{u}]", "st", idx(t, u), idx(t, u) < n_items, elem_bytes, base)
+
+        def coords(t):
+            i = idx(t, 0) * (elem_bytes // 4)
+            return {**_nchw(i, shape), "active": idx(t, 0) < n_items}
+
+        per_thread_items = -(-n_items // unroll)
+        launch = Launch(max(1, -(-per_thread_items // flat)), flat)  # ceil twice, as launch_flat does
+        return launch, mapping, coords
+
+    vec = hw % 4 == 0 and base % 16 == 0  # planes_vec4_x4 takes float4 accesses only then
+    per_thread = unroll if vec else 4 * unroll
+    chunks = -(-hw // PLANE_CHUNK)
+
+    def planes_idx(t, u):
+        j = t.by * (flat * unroll if vec else PLANE_CHUNK) + t.tid + flat * u  # within the plane
+        if vec:
+            return t.bx * (hw // 4) + j, j < hw // 4
+        return t.bx * hw + j, j < hw
+
+    def planes_map(t):
+        eb = 16 if vec else 4
+        for u in range(per_thread):
+            yield Access(f"x[{u}]", "ld", *planes_idx(t, u), eb, base)
+        for u in range(per_thread):
+            yield Access(f"y[{u}]", "st", *planes_idx(t, u), eb, base)
+
+    def planes_coords(t):
+        i, act = planes_idx(t, 0)
+        return {**_nchw(i * (4 if vec else 1), shape), "active": act}
+
     t7, t8 = tile(18, 7, 4), tile(8, 8, 8)
+    u1, u4 = unrolled(numel, 4), unrolled(numel // 4, 16)
     return {
         "flat": Scheme("flat", Launch(-(-numel // flat), flat), flat_map, flat_coords,
                        "one thread per output, flat NCHW index: w fastest across lanes"),
-        "flat_vec4": Scheme("flat_vec4", Launch(-(-(numel // 4) // flat), flat), vec4_map, vec4_coords,
+        "flat_vec4": Scheme("flat_vec4", Launch(max(1, -(-(numel // 4) // flat)), flat), vec4_map, vec4_coords,
                             "four consecutive outputs per thread, one float4 load and store"),
         "channel_fastest": Scheme("channel_fastest", Launch(-(-numel // flat), flat), chan_map, chan_coords,
                                   "one thread per output, channel fastest across lanes"),
@@ -466,6 +568,13 @@ def affine_schemes(shape: Sequence[int], base: int = 0) -> dict[str, Scheme]:
         "tile_8x8x8": Scheme("tile_8x8x8", t8[0], t8[1], t8[2], "blocks of 8 (w) × 8 (h) × 8 (c) threads"),
         "rows_w_x4": Scheme("rows_w_x4", Launch(n_ * c_ * rg, (w_, 4)), rows_map, rows_coords,
                             f"blocks of {w_} (a whole row) × 4 rows"),
+        "channel_fastest_smem": Scheme("channel_fastest_smem", Launch(-(-numel // flat), flat), chan_map,
+                                       chan_coords, "channel_fastest, coefficients from shared memory"),
+        "flat_x4": Scheme("flat_x4", *u1, f"flat, {unroll} floats per thread, {flat} apart, loads first"),
+        "flat_vec4_x4": Scheme("flat_vec4_x4", *u4, f"flat_vec4, {unroll} float4 per thread, loads first"),
+        "planes_vec4_x4": Scheme("planes_vec4_x4", Launch((n_ * c_, chunks), flat), planes_map, planes_coords,
+                                 f"one (n, c) plane per block row, {unroll} float4 per thread"
+                                 if vec else f"one (n, c) plane per block row, {per_thread} floats per thread"),
     }
 
 
@@ -478,3 +587,63 @@ def warp_addresses(mapping: Mapping, launch: Launch, block: int, warp: int, acce
             act = t.exists[warp] if acc.active is None else (t.exists & np.broadcast_to(acc.active, t.tid.shape))[warp]
             return acc.base + idx * acc.elem_bytes, act, acc.elem_bytes
     raise IndexError(f"the mapping has no access number {access}")
+
+
+def model_table(analyses: dict[str, Analysis]):
+    """The model's prediction per mapping: sectors per request (loads, stores), load sectors per
+    element, efficiency, and how many elements one thread loads."""
+    import pandas as pd
+
+    rows = {}
+    for k, a in analyses.items():
+        s, t = a.summary(), a.table()
+        ld = t[t["kind"] == "ld"]
+        elems = ld["bytes_used"].sum() / 4
+        rows[k] = {"ld sectors/request": s["ld_sectors_per_request"],
+                   "st sectors/request": s["st_sectors_per_request"],
+                   "sectors/element": s["ld_sectors"] / elems, "efficiency": s["efficiency"],
+                   "elements/thread": ld["elem_bytes"].sum() / 4}  # loads per thread × floats
+    return pd.DataFrame(rows).T
+
+
+def resident_threads(threads_per_block: int, registers: int, max_threads: int = 2048, max_blocks: int = 32,
+                     regs_per_sm: int = 65536, reg_granule: int = 256) -> int:
+    """Threads one SM holds at once for a kernel of ``registers`` per thread (sm_80/sm_90 limits by
+    default: 2,048 threads, 32 blocks, 64 K registers allocated per warp in units of 256)."""
+    warps = -(-threads_per_block // WARP)
+    per_warp = -(-registers * WARP // reg_granule) * reg_granule
+    blocks = min(max_blocks, max_threads // threads_per_block, regs_per_sm // (per_warp * warps))
+    return blocks * threads_per_block
+
+
+def in_flight(launches: dict[str, Launch], registers: dict[str, int], median_ms: dict[str, float],
+              read_bytes: float, sms: int):
+    """Little's law per mapping: resident threads per SM (from its registers), the bytes of x an SM has
+    requested when each of them waits on its loads (``LOADED_AHEAD``), and the latency that this and the
+    measured read rate imply (bytes in flight = bandwidth × latency; an upper bound, since not every
+    thread is waiting all the time)."""
+    import pandas as pd
+
+    rows = {}
+    for k, launch in launches.items():
+        threads_sm = resident_threads(launch.threads_per_block, int(registers[KERNELS[k]]))
+        per_sm = threads_sm * LOADED_AHEAD[k]
+        rate = read_bytes / (median_ms[k] * 1e-3)
+        rows[k] = {"threads/SM": threads_sm, "in flight KiB/SM": per_sm / 1024,
+                   "latency µs": per_sm * sms / rate * 1e6}
+    return pd.DataFrame(rows).T
+
+
+def ncu_script(shape: Sequence[int], chapter: str) -> str:
+    """The program Nsight Compute profiles: every mapping of kernels/mappings.cu once, each inside its
+    NVTX range ``<chapter>/<mapping>``, on an input of ``shape``."""
+    return f"""
+import torch, kernelbook as kb
+mod = kb.build.load("mappings")
+x = kb.check.rand({tuple(shape)}, seed=0, device="cuda"); y = torch.empty_like(x)
+a, b = kb.check.rand([{shape[1]}], seed=1), kb.check.rand([{shape[1]}], seed=2)
+for m in mod.mappings():
+    with kb.timing.nvtx_range("{chapter}", m):
+        mod.affine(x, a, b, m, y)
+torch.cuda.synchronize()
+"""

@@ -8,6 +8,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,8 @@
 
 // From mappings.cu.
 int mappings_max_channels();
+int mappings_flat_threads();
+int mappings_unroll();
 cudaError_t launch_affine(int mapping, const float* x, float* y, const float* a, const float* b, int64_t n,
                           int64_t c, int64_t h, int64_t w, cudaStream_t stream);
 
@@ -23,8 +26,9 @@ namespace {
 
 constexpr const char* kOp = "affine";
 // In launch_affine's numbering.
-const std::vector<std::string> kMappings = {"flat",        "flat_vec4",  "channel_fastest", "pixel_loop",
-                                            "tile_7x18x4", "tile_8x8x8", "rows_w_x4"};
+const std::vector<std::string> kMappings = {"flat",       "flat_vec4",           "channel_fastest", "pixel_loop",
+                                            "tile_7x18x4", "tile_8x8x8",         "rows_w_x4",       "channel_fastest_smem",
+                                            "flat_x4",     "flat_vec4_x4",        "planes_vec4_x4"};
 
 int mapping_number(const std::string& name) {
     std::string known;
@@ -51,6 +55,13 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 std::vector<std::string> mappings() { return kMappings; }
 
+// The launch constants the chapter's model mirrors (kernelbook.coalescing reads the same numbers).
+std::map<std::string, int64_t> config() {
+    return {{"flat_threads", mappings_flat_threads()},
+            {"unroll", mappings_unroll()},
+            {"max_channels", mappings_max_channels()}};
+}
+
 // out = x·a[c] + b[c] over an (N, C, H, W) tensor, computed with the thread mapping `mapping`.
 torch::Tensor affine(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
                      const std::string& mapping, const std::optional<torch::Tensor>& out) {
@@ -70,11 +81,16 @@ torch::Tensor affine(const torch::Tensor& x, const torch::Tensor& a, const torch
         kb::check_same_device(x, y, kOp, "x", "out");
         kb::check_no_overlap(x, y, kOp, "x", "out");
     }
-    if (m == 1) {  // float4 accesses
-        KB_CHECK(x.numel() % 4 == 0, kOp, ": mapping flat_vec4 needs a number of elements divisible by 4, got ",
+    if (m == 1 || m == 9) {  // float4 accesses over the flat index
+        KB_CHECK(x.numel() % 4 == 0, kOp, ": mapping ", mapping, " needs a number of elements divisible by 4, got ",
                  x.numel(), " for shape ", kb::shape_str(x.sizes()));
-        KB_CHECK(aligned16(x.data_ptr()) && aligned16(y.data_ptr()), kOp,
-                 ": mapping flat_vec4 needs x and out to start on 16-byte boundaries (a view such as x[1:] does not)");
+        KB_CHECK(aligned16(x.data_ptr()) && aligned16(y.data_ptr()), kOp, ": mapping ", mapping,
+                 " needs x and out to start on 16-byte boundaries (a view such as x[1:] does not)");
+    }
+    if (m == 10) {  // planes_vec4_x4 takes float4 accesses when it can and scalar ones otherwise
+        KB_CHECK(n * c <= INT_MAX && (h * w + 4095) / 4096 <= 65535, kOp, ": mapping planes_vec4_x4 launches one ",
+                 "block row per (n, c) plane (N·C = ", n * c, ", at most ", INT_MAX, ") and ceil(H·W / 4096) = ",
+                 (h * w + 4095) / 4096, " blocks per plane (at most 65535)");
     }
     if (m == 4 || m == 5) {
         const int64_t tc = m == 4 ? 4 : 8, th = m == 4 ? 7 : 8;
@@ -86,7 +102,8 @@ torch::Tensor affine(const torch::Tensor& x, const torch::Tensor& a, const torch
         KB_CHECK(w <= 256, kOp, ": mapping rows_w_x4 uses blocks of W × 4 threads, so W must be at most 256, got ",
                  w);
     }
-    const int64_t threads = m == 1 ? x.numel() / 4 : (m == 3 ? n * h * w : x.numel());
+    const int64_t threads = m == 1 ? x.numel() / 4 : m == 3 ? n * h * w : m == 8 ? x.numel() / 4
+                            : m == 9 ? x.numel() / 16 : m == 10 ? 0 : x.numel();
     KB_CHECK(threads / 256 < INT_MAX, kOp, ": tensor too large for a 1-D grid: ", x.numel(), " elements");
     if (x.numel() == 0) return y;
 
@@ -100,6 +117,7 @@ torch::Tensor affine(const torch::Tensor& x, const torch::Tensor& a, const torch
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("mappings", &mappings, "The thread mappings affine() knows, in the chapter's order");
+    m.def("config", &config, "The launch constants of kernels/mappings.cu (threads per block, unroll, channels)");
     m.def("affine", &affine, "y = x·a[c] + b[c] for an NCHW float32 CUDA tensor x, with the given thread mapping",
           pybind11::arg("x"), pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("mapping"),
           pybind11::arg("out") = pybind11::none());

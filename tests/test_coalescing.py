@@ -14,6 +14,8 @@ from kernelbook import check
 from kernelbook import coalescing as co
 
 P73_OUT = (128, 64, 126, 126)
+MAPPINGS = list(co.affine_schemes((1, 4, 4, 4)))
+VEC4 = ("flat_vec4", "flat_vec4_x4")  # float4 over the flat index: numel % 4 == 0, 16-byte aligned
 
 
 # --- one warp, by hand ---------------------------------------------------------------------------------
@@ -97,6 +99,46 @@ def test_p73_mappings_per_request():
     # A plane is 126·126·4 = 63,504 bytes = 496 lines + 16 bytes: contiguous warps start off-boundary.
     assert 4.0 < got["pixel_loop"]["ld_sectors_per_request"] < 5.0
     assert got["tile_8x8x8"]["ld_sectors_per_request"] > got["tile_7x18x4"]["ld_sectors_per_request"] > 5
+    # The controls: the same sectors as the mapping they control, per request of the same width.
+    assert got["channel_fastest_smem"]["ld_sectors_per_request"] == 32.0
+    assert got["flat_x4"]["ld_sectors_per_request"] == 4.0
+    assert got["flat_x4"]["ld_requests"] == got["flat"]["ld_requests"]
+    assert got["flat_vec4_x4"]["ld_sectors_per_request"] == 16.0
+    assert got["flat_vec4_x4"]["ld_requests"] == got["flat_vec4"]["ld_requests"]
+    assert 16.0 < got["planes_vec4_x4"]["ld_sectors_per_request"] < 17.0  # planes start off the line grid
+
+
+def test_planes_on_aligned_planes_are_perfect():
+    s = co.affine_schemes((2, 4, 32, 32))["planes_vec4_x4"]  # a plane of 4 KiB: 32 whole lines
+    got = co.analyse(s.mapping, s.launch).summary()
+    assert got["ld_sectors_per_request"] == 16.0 and got["efficiency"] == 1.0
+    s = co.affine_schemes((2, 4, 5, 7))["planes_vec4_x4"]  # H·W % 4 != 0: scalar floats
+    assert co.analyse(s.mapping, s.launch).table()["elem_bytes"].eq(4).all()
+    s = co.affine_schemes((2, 4, 32, 32), base=4)["planes_vec4_x4"]  # misaligned: scalar floats too
+    assert co.analyse(s.mapping, s.launch).table()["elem_bytes"].eq(4).all()
+
+
+def test_model_tables_cover_every_mapping():
+    assert list(co.KERNELS) == MAPPINGS and list(co.LOADED_AHEAD) == MAPPINGS
+
+
+def test_lane_sectors():
+    sectors, touch = co.lane_sectors(np.arange(32) * 4)
+    assert len(sectors) == 4 and (touch.sum(axis=1) == 1).all() and (touch.sum(axis=0) == 8).all()
+    sectors, touch = co.lane_sectors(np.arange(32) * 16, elem_bytes=16)
+    assert len(sectors) == 16 and (touch.sum(axis=0) == 2).all()
+    sectors, touch = co.lane_sectors([30, 64], active=[True, False])  # straddles; second lane off
+    assert sectors.tolist() == [0, 1] and touch.tolist() == [[True, True], [False, False]]
+
+
+def test_resident_threads_and_littles_law():
+    assert co.resident_threads(256, 18) == 2048
+    assert co.resident_threads(256, 40) == 1536  # 40 × 32 = 1,280 registers per warp: 6 blocks
+    assert co.resident_threads(504, 18) == 2016  # 4 blocks of 504 threads
+    launch = co.affine_schemes((1, 1, 1, 4))["flat"].launch
+    t = co.in_flight({"flat": launch}, {"flat_kernel": 18}, {"flat": 1.0}, read_bytes=1e9, sms=2)
+    # 2 SMs × 2,048 threads × 4 bytes in flight, 1 GB read in 1 ms: 16,384 B / 1e12 B/s = 16.4 ns
+    assert t.loc["flat", "latency µs"] == pytest.approx(2 * 2048 * 4 / 1e12 * 1e6)
 
 
 def test_sampling_agrees_with_the_exact_count():
@@ -126,7 +168,7 @@ def test_mapping_covers_every_element_once():
     shape = (2, 5, 13, 37)
     numel = int(np.prod(shape))
     for name, s in co.affine_schemes(shape).items():
-        if name == "flat_vec4":
+        if name in VEC4:
             continue  # needs numel % 4 == 0
         t = co.threads(s.launch)
         hits = np.zeros(numel, dtype=int)
@@ -159,12 +201,11 @@ def _coeffs(c, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9), (2, 64, 126, 126), (1, 1, 1, 1), (2, 3, 13, 37), (1, 9, 130, 250),
                                    (4, 3, 5, 7), (0, 3, 4, 4)])
-@pytest.mark.parametrize("mapping", ["flat", "flat_vec4", "channel_fastest", "pixel_loop", "tile_7x18x4",
-                                     "tile_8x8x8", "rows_w_x4"])
+@pytest.mark.parametrize("mapping", MAPPINGS)
 def test_every_mapping_matches_float64(mod, shape, mapping):
     numel = int(np.prod(shape))
-    if mapping == "flat_vec4" and numel % 4:
-        pytest.skip("flat_vec4 needs numel % 4 == 0 (checked in test_bad_input_is_named)")
+    if mapping in VEC4 and numel % 4:
+        pytest.skip(f"{mapping} needs numel % 4 == 0 (checked in test_bad_input_is_named)")
     c = shape[1]
     x = check.rand(shape, seed=sum(shape), device="cuda", low=-1, high=1)
     a, b = _coeffs(c, seed=c)
@@ -173,6 +214,22 @@ def test_every_mapping_matches_float64(mod, shape, mapping):
     assert y.data_ptr() == out.data_ptr()
     ref = x.double() * a.double().cuda().view(1, c, 1, 1) + b.double().cuda().view(1, c, 1, 1)
     check.assert_close(out, ref, tol=check.FP32_UNIT_ROUNDOFF, what=f"{mapping} {shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (2, 3, 5, 7), (1, 2, 64, 128)])  # H·W % 4: 0, 3, 0
+@pytest.mark.parametrize("offset", [1, 2, 3])
+@pytest.mark.parametrize("mapping", [m for m in MAPPINGS if m not in VEC4])
+def test_misaligned_input_and_output(mod, shape, offset, mapping):
+    """Views that start off the 16-byte grid: planes_vec4_x4 must take its scalar path."""
+    c = shape[1]
+    x = check.rand_at_offset(shape, offset, seed=offset, device="cuda", low=-1)
+    out = torch.full((int(np.prod(shape)) + 4 - offset,), float("nan"), device="cuda")
+    out = out[4 - offset:].view(shape)
+    a, b = _coeffs(c, seed=c)
+    mod.affine(x, a, b, mapping, out)
+    ref = x.double() * a.double().cuda().view(1, c, 1, 1) + b.double().cuda().view(1, c, 1, 1)
+    check.assert_close(out, ref, tol=check.FP32_UNIT_ROUNDOFF, what=f"{mapping} offset {offset}")
 
 
 @pytest.mark.gpu
@@ -206,6 +263,8 @@ def test_runs_on_the_current_stream(mod):
     (lambda m, x, a, b: m.affine(x, a, b, "flat", torch.empty(3, device="cuda")), "out must have shape"),
     (lambda m, x, a, b: m.affine(x, a, b, "flat", x), "must not overlap"),
     (lambda m, x, a, b: m.affine(torch.rand(1, 3, 3, 3, device="cuda"), a[:3], b[:3], "flat_vec4"), "divisible by 4"),
+    (lambda m, x, a, b: m.affine(torch.rand(1, 3, 3, 3, device="cuda"), a[:3], b[:3], "flat_vec4_x4"),
+     "flat_vec4_x4 needs a number of elements divisible by 4"),
     (lambda m, x, a, b: m.affine(torch.empty(1, 300, 2, 2, device="cuda"), torch.ones(300), torch.ones(300), "flat"),
      "1 to 256 channels"),
     (lambda m, x, a, b: m.affine(torch.empty(1, 1, 1, 300, device="cuda"), torch.ones(1), torch.ones(1),
@@ -219,15 +278,23 @@ def test_bad_input_is_named(mod, call, message):
 
 
 @pytest.mark.gpu
-def test_vec4_rejects_a_misaligned_view(mod):
+@pytest.mark.parametrize("mapping", VEC4)
+def test_vec4_rejects_a_misaligned_view(mod, mapping):
     buf = torch.rand(1 + 2 * 4 * 4 * 4, device="cuda")
     x = buf[1:].view(2, 4, 4, 4)
     with pytest.raises(RuntimeError, match="16-byte boundaries"):
-        mod.affine(x, torch.ones(4), torch.zeros(4), "flat_vec4")
+        mod.affine(x, torch.ones(4), torch.zeros(4), mapping)
 
 
 @pytest.mark.compile
 def test_bad_input_without_a_gpu(mod):
     with pytest.raises(RuntimeError, match="x must be a CUDA tensor"):
         mod.affine(torch.ones(2, 3, 4, 4), torch.ones(3), torch.ones(3), "flat")
-    assert mod.mappings() == list(co.affine_schemes((1, 4, 4, 4)))
+    assert mod.mappings() == MAPPINGS
+
+
+@pytest.mark.compile
+def test_config_is_the_models(mod):
+    cfg = mod.config()
+    assert (cfg["flat_threads"], cfg["unroll"], cfg["max_channels"]) == (co.FLAT_THREADS, co.UNROLL, 256)
+    assert co.PLANE_CHUNK == cfg["flat_threads"] * cfg["unroll"] * 4
