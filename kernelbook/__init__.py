@@ -14,6 +14,7 @@ from . import (
     coalescing,
     device,
     folding,
+    gn_mean,
     measure,
     paths,
     plots,
@@ -57,6 +58,6 @@ def glue_md(name: str, text: str) -> None:
     _glue(name, Markdown(text), display=False)
 
 
-__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "glue_all", "glue_md", "gpu",
-           "measure", "paths", "plots", "precision", "problems", "profile", "records", "roofline", "show", "summary",
-           "timing", "variance"]
+__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "glue_all", "glue_md", "gn_mean",
+           "gpu", "measure", "paths", "plots", "precision", "problems", "profile", "records", "roofline", "show",
+           "summary", "timing", "variance"]

@@ -5,6 +5,9 @@
 //       one's): the depth slabs an A100 (166912 B), an sm_86/89 (101376 B) or a T4 (65536 B) takes, testable here.
 //   p27_tail(y, gn_weight, gn_bias, num_groups, eps, out=None) → (N, C): the same from a materialised conv
 //       output y (N, C, D, H, W) — the "fuse only the tail" baseline.
+//   config() → dict: the kernel's compile-time constants (filter size, channels and columns per thread, …).
+//   plan(c_in, D, H, W, c_out, smem_limit) → dict: the shared-memory plan the launcher takes for one sample
+//       under an opt-in limit of smem_limit bytes per block (slab depth, slabs, row pitch, bytes).
 // float32, contiguous, CUDA; the biases and the GroupNorm affine parameters may be None (bias=False, affine=False).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -22,6 +25,8 @@ int p27_max_out_channels();
 int p27_tail_max_channels();
 int64_t p27_smem_bytes(int C_in, int H, int Wp, int C_out, int T);
 int p27_slab_depth(int C_in, int D, int H, int W, int C_out, int64_t max_smem);
+int p27_pitch(int C_in, int H, int W, int C_out, int T, int64_t max_smem);
+int p27_constants(int* v, int n);
 cudaError_t launch_p27_fused(const float* x, const float* w, const float* cb, const float* gw, const float* gb,
                              float* out, int64_t N, int C_in, int D, int H, int W, int C_out, int num_groups,
                              float eps, int64_t max_smem, cudaStream_t stream);
@@ -144,6 +149,37 @@ torch::Tensor p27_tail(const torch::Tensor& y, const std::optional<torch::Tensor
     return o;
 }
 
+pybind11::dict p27_config() {
+    int v[16] = {};
+    const int n = p27_constants(v, 16);
+    const char* names[] = {"kernel_size", "channels_per_thread", "columns_per_thread", "window_columns",
+                           "threads", "tail_threads", "kd_unroll", "stage_loads"};
+    TORCH_CHECK(n == static_cast<int>(sizeof(names) / sizeof(names[0])), "config: constants and names disagree");
+    pybind11::dict d;
+    for (int i = 0; i < n; ++i) d[names[i]] = v[i];
+    return d;
+}
+
+pybind11::dict p27_plan(int64_t c_in, int64_t D, int64_t H, int64_t W, int64_t c_out, int64_t smem_limit) {
+    constexpr const char* op = "plan";
+    const int k = p27_kernel_size();
+    KB_CHECK(c_in >= 1 && c_out >= 1 && c_out <= p27_max_out_channels() && D >= k && H >= k && W >= k &&
+                 D <= 65536 && H <= 65536 && W <= 65536 && c_in <= 4096 && smem_limit > 0,
+             op, ": sizes out of range (c_in ", c_in, ", D x H x W ", D, "x", H, "x", W, ", c_out ", c_out,
+             ", smem_limit ", smem_limit, ")");
+    const int ci = static_cast<int>(c_in), d = static_cast<int>(D), h = static_cast<int>(H), w = static_cast<int>(W),
+              co = static_cast<int>(c_out);
+    const int T = p27_slab_depth(ci, d, h, w, co, smem_limit);
+    const int DO = d - k + 1;
+    pybind11::dict r;
+    r["depths_per_slab"] = T;
+    r["slabs"] = T > 0 ? (DO + T - 1) / T : 0;
+    const int Wp = T > 0 ? p27_pitch(ci, h, w, co, T, smem_limit) : (w + 3) / 4 * 4;
+    r["row_pitch"] = Wp;
+    r["smem_bytes"] = T > 0 ? p27_smem_bytes(ci, h, Wp, co, T) : int64_t{0};
+    return r;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     using pybind11::arg;
     m.def("p27_forward", &p27_forward,
@@ -154,4 +190,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("p27_tail", &p27_tail,
           "mean over the spatial dims of GroupNorm(hardswish(y)) from a materialised conv output y; returns (N, C)",
           arg("y"), arg("gn_weight"), arg("gn_bias"), arg("num_groups"), arg("eps"), arg("out") = pybind11::none());
+    m.def("config", &p27_config, "the fused kernel's compile-time constants");
+    m.def("plan", &p27_plan, "the shared-memory plan of one sample under an opt-in limit (bytes per block)",
+          arg("c_in"), arg("D"), arg("H"), arg("W"), arg("c_out"), arg("smem_limit"));
 }

@@ -1,7 +1,7 @@
 // conv3d_gn_mean.cu — P27 in one kernel: y[b, c] = mean over (D, H, W) of GroupNorm(hardswish(conv3d(x)))[b, c],
 // stride 1, no padding, 4×4×4 filters, NCDHW float32, plain FFMA (no TF32). The conv output is never written.
 //
-// The algebra (RATIONALES.md, rationale 6): with h = hardswish(conv(x)), m_c the mean of h over channel c of
+// The algebra: with h = hardswish(conv(x)), m_c the mean of h over channel c of
 // sample b, and μ_g, var_g the statistics of c's group (biased variance),
 //     mean_DHW(GN(h))[b, c] = γ_c · (m_c − μ_g) / √(var_g + ε) + β_c,
 // so per-(b, c) statistics suffice. A channel's statistics are shifted sums: Σd and Σd² with d = 6h − K6_c,
@@ -110,6 +110,7 @@ __device__ __forceinline__ void reduce_scatter(float (&t)[2 * CO_T], int lane) {
 
 // From per-channel (mean, M2) of h over n positions each (in shared memory, double), GroupNorm's group
 // statistics and the output row out[0 .. C_out). Threads 0 … C_out−1 of the block each write one value.
+// excerpt: finalize
 __device__ void finalize_sample(const double* mean_s, const double* m2_s, int C_out, int num_groups, double n,
                                 const float* __restrict__ gw, const float* __restrict__ gb, float eps,
                                 float* __restrict__ out) {
@@ -130,6 +131,7 @@ __device__ void finalize_sample(const double* mean_s, const double* m2_s, int C_
     const double be = gb ? static_cast<double>(gb[c]) : 0.0;
     out[c] = static_cast<float>(g * (mean_s[c] - mu) / sqrt(var + static_cast<double>(eps)) + be);
 }
+// end excerpt: finalize
 
 // (mean, M2) of h for a channel from shifted sums of d = 6h − K6 over n values.
 __device__ __forceinline__ void channel_state(double s1, double s2, float k6, double n, double* mean, double* m2) {
@@ -206,6 +208,7 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
             __syncthreads();
         }
 
+        // excerpt: items
         // Work items of this slab: (output row = (od, oh), column block q), 8 channels × 8 columns each.
         const int items = Tc * s.HO * s.CT;
         // The loop is warp-uniform (the shuffles below need all 32 lanes); lanes past the end idle through it.
@@ -223,7 +226,9 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
             for (int c = 0; c < CO_T; ++c)
 #pragma unroll
                 for (int jj = 0; jj < COLS; ++jj) acc[c][jj] = bias_s[co0 + c];
+            // end excerpt: items
 
+            // excerpt: inner-loop
 #pragma unroll 1
             for (int ci = 0; ci < s.C_in; ++ci) {
 #pragma unroll KD_UNROLL
@@ -251,7 +256,9 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
                     }
                 }
             }
+            // end excerpt: inner-loop
 
+            // excerpt: epilogue
             // Epilogue: hardswish and shifted sums; columns past WO (the last column block) are left out.
             const int nv = s.WO - q * COLS;
 #pragma unroll
@@ -273,6 +280,7 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
             // sample's statistics instead of 16 (which spilled at 128 registers).
             reduce_scatter<CO_T>(t, lane);
             stat += t[0] + __shfl_xor_sync(0xffffffffu, t[0], 1);
+            // end excerpt: epilogue
         }
     }
 
@@ -373,6 +381,25 @@ int p27_slab_depth(int C_in, int D, int H, int W, int C_out, int64_t max_smem) {
     return (DO + slabs - 1) / slabs;
 }
 
+// The staged row pitch (floats) for a slab depth T: W rounded up to a float4, plus 4 floats when that keeps
+// the same slab depth within max_smem. A pitch ≡ 4 (mod 8) floats puts the two rows a quarter-warp reads in
+// different banks for the float4 input reads; P27 on an H200 has no room for it (2-way bank conflicts).
+int p27_pitch(int C_in, int H, int W, int C_out, int T, int64_t max_smem) {
+    const int Wp = (W + 3) / 4 * 4;
+    if ((Wp / 4) % 2 == 0 && p27_smem_bytes(C_in, H, Wp + 4, C_out, T) <= max_smem) return Wp + 4;
+    return Wp;
+}
+
+// The kernel's compile-time constants, in this order, for the binding's config(): filter size, output
+// channels and output columns per thread, input columns read per filter row, threads per block of the fused
+// and the tail kernel, filter depths unrolled, loads in flight per thread while staging.
+int p27_constants(int* v, int n) {
+    const int c[] = {KS, CO_T, COLS, WIN, THREADS, TAIL_THREADS, KD_UNROLL, STAGE};
+    const int m = static_cast<int>(sizeof(c) / sizeof(c[0]));
+    for (int i = 0; i < m && i < n; ++i) v[i] = c[i];
+    return m;
+}
+
 cudaError_t launch_p27_fused(const float* x, const float* w, const float* cb, const float* gw, const float* gb,
                              float* out, int64_t N, int C_in, int D, int H, int W, int C_out, int num_groups,
                              float eps, int64_t max_smem, cudaStream_t stream) {
@@ -385,12 +412,9 @@ cudaError_t launch_p27_fused(const float* x, const float* w, const float* cb, co
     s.C_out = C_out; s.G8 = pad_groups(C_out); s.C_pad = CO_T * s.G8;
     s.DO = D - KS + 1; s.HO = H - KS + 1; s.WO = W - KS + 1;
     s.num_groups = num_groups;
-    s.Wp = (W + 3) / 4 * 4;
     s.T = p27_slab_depth(C_in, D, H, W, C_out, max_smem);
     if (s.T == 0) return cudaErrorInvalidValue;
-    // A pitch ≡ 4 (mod 8) floats puts neighbouring rows in different banks for the float4 input reads;
-    // take it when it still fits the same slab depth.
-    if ((s.Wp / 4) % 2 == 0 && p27_smem_bytes(C_in, H, s.Wp + 4, C_out, s.T) <= max_smem) s.Wp += 4;
+    s.Wp = p27_pitch(C_in, H, W, C_out, s.T, max_smem);
     s.CT = (s.WO + COLS - 1) / COLS;
     s.in_floats = C_in * (s.T + 3) * H * s.Wp + SLACK;
     s.eps = eps;

@@ -131,7 +131,7 @@ def timings(ext) -> dict:
         compiled(x)
         torch.cuda.synchronize()
         print(f"  torch.compile warm-up {time.time() - t0:.0f} s", flush=True)
-        def eager_tf32():  # PyTorch's default (cuDNN may pick TF32 convolutions): the 11.78 ms anchor
+        def eager_tf32():  # PyTorch's default (cuDNN may pick TF32 convolutions): the 11.78 ms measured before
             torch.backends.cudnn.allow_tf32 = True
             try:
                 return m(x)

@@ -17,7 +17,7 @@ CUDA_SRC = r'''
 // conv3d_gn_mean.cu — P27 in one kernel: y[b, c] = mean over (D, H, W) of GroupNorm(hardswish(conv3d(x)))[b, c],
 // stride 1, no padding, 4×4×4 filters, NCDHW float32, plain FFMA (no TF32). The conv output is never written.
 //
-// The algebra (RATIONALES.md, rationale 6): with h = hardswish(conv(x)), m_c the mean of h over channel c of
+// The algebra: with h = hardswish(conv(x)), m_c the mean of h over channel c of
 // sample b, and μ_g, var_g the statistics of c's group (biased variance),
 //     mean_DHW(GN(h))[b, c] = γ_c · (m_c − μ_g) / √(var_g + ε) + β_c,
 // so per-(b, c) statistics suffice. A channel's statistics are shifted sums: Σd and Σd² with d = 6h − K6_c,
@@ -126,6 +126,7 @@ __device__ __forceinline__ void reduce_scatter(float (&t)[2 * CO_T], int lane) {
 
 // From per-channel (mean, M2) of h over n positions each (in shared memory, double), GroupNorm's group
 // statistics and the output row out[0 .. C_out). Threads 0 … C_out−1 of the block each write one value.
+// excerpt: finalize
 __device__ void finalize_sample(const double* mean_s, const double* m2_s, int C_out, int num_groups, double n,
                                 const float* __restrict__ gw, const float* __restrict__ gb, float eps,
                                 float* __restrict__ out) {
@@ -146,6 +147,7 @@ __device__ void finalize_sample(const double* mean_s, const double* m2_s, int C_
     const double be = gb ? static_cast<double>(gb[c]) : 0.0;
     out[c] = static_cast<float>(g * (mean_s[c] - mu) / sqrt(var + static_cast<double>(eps)) + be);
 }
+// end excerpt: finalize
 
 // (mean, M2) of h for a channel from shifted sums of d = 6h − K6 over n values.
 __device__ __forceinline__ void channel_state(double s1, double s2, float k6, double n, double* mean, double* m2) {
@@ -222,6 +224,7 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
             __syncthreads();
         }
 
+        // excerpt: items
         // Work items of this slab: (output row = (od, oh), column block q), 8 channels × 8 columns each.
         const int items = Tc * s.HO * s.CT;
         // The loop is warp-uniform (the shuffles below need all 32 lanes); lanes past the end idle through it.
@@ -239,7 +242,9 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
             for (int c = 0; c < CO_T; ++c)
 #pragma unroll
                 for (int jj = 0; jj < COLS; ++jj) acc[c][jj] = bias_s[co0 + c];
+            // end excerpt: items
 
+            // excerpt: inner-loop
 #pragma unroll 1
             for (int ci = 0; ci < s.C_in; ++ci) {
 #pragma unroll KD_UNROLL
@@ -267,7 +272,9 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
                     }
                 }
             }
+            // end excerpt: inner-loop
 
+            // excerpt: epilogue
             // Epilogue: hardswish and shifted sums; columns past WO (the last column block) are left out.
             const int nv = s.WO - q * COLS;
 #pragma unroll
@@ -289,6 +296,7 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
             // sample's statistics instead of 16 (which spilled at 128 registers).
             reduce_scatter<CO_T>(t, lane);
             stat += t[0] + __shfl_xor_sync(0xffffffffu, t[0], 1);
+            // end excerpt: epilogue
         }
     }
 
@@ -389,6 +397,25 @@ int p27_slab_depth(int C_in, int D, int H, int W, int C_out, int64_t max_smem) {
     return (DO + slabs - 1) / slabs;
 }
 
+// The staged row pitch (floats) for a slab depth T: W rounded up to a float4, plus 4 floats when that keeps
+// the same slab depth within max_smem. A pitch ≡ 4 (mod 8) floats puts the two rows a quarter-warp reads in
+// different banks for the float4 input reads; P27 on an H200 has no room for it (2-way bank conflicts).
+int p27_pitch(int C_in, int H, int W, int C_out, int T, int64_t max_smem) {
+    const int Wp = (W + 3) / 4 * 4;
+    if ((Wp / 4) % 2 == 0 && p27_smem_bytes(C_in, H, Wp + 4, C_out, T) <= max_smem) return Wp + 4;
+    return Wp;
+}
+
+// The kernel's compile-time constants, in this order, for the binding's config(): filter size, output
+// channels and output columns per thread, input columns read per filter row, threads per block of the fused
+// and the tail kernel, filter depths unrolled, loads in flight per thread while staging.
+int p27_constants(int* v, int n) {
+    const int c[] = {KS, CO_T, COLS, WIN, THREADS, TAIL_THREADS, KD_UNROLL, STAGE};
+    const int m = static_cast<int>(sizeof(c) / sizeof(c[0]));
+    for (int i = 0; i < m && i < n; ++i) v[i] = c[i];
+    return m;
+}
+
 cudaError_t launch_p27_fused(const float* x, const float* w, const float* cb, const float* gw, const float* gb,
                              float* out, int64_t N, int C_in, int D, int H, int W, int C_out, int num_groups,
                              float eps, int64_t max_smem, cudaStream_t stream) {
@@ -401,12 +428,9 @@ cudaError_t launch_p27_fused(const float* x, const float* w, const float* cb, co
     s.C_out = C_out; s.G8 = pad_groups(C_out); s.C_pad = CO_T * s.G8;
     s.DO = D - KS + 1; s.HO = H - KS + 1; s.WO = W - KS + 1;
     s.num_groups = num_groups;
-    s.Wp = (W + 3) / 4 * 4;
     s.T = p27_slab_depth(C_in, D, H, W, C_out, max_smem);
     if (s.T == 0) return cudaErrorInvalidValue;
-    // A pitch ≡ 4 (mod 8) floats puts neighbouring rows in different banks for the float4 input reads;
-    // take it when it still fits the same slab depth.
-    if ((s.Wp / 4) % 2 == 0 && p27_smem_bytes(C_in, H, s.Wp + 4, C_out, s.T) <= max_smem) s.Wp += 4;
+    s.Wp = p27_pitch(C_in, H, W, C_out, s.T, max_smem);
     s.CT = (s.WO + COLS - 1) / COLS;
     s.in_floats = C_in * (s.T + 3) * H * s.Wp + SLACK;
     s.eps = eps;
@@ -446,6 +470,9 @@ CPP_SRC = r'''
 //       one's): the depth slabs an A100 (166912 B), an sm_86/89 (101376 B) or a T4 (65536 B) takes, testable here.
 //   p27_tail(y, gn_weight, gn_bias, num_groups, eps, out=None) → (N, C): the same from a materialised conv
 //       output y (N, C, D, H, W) — the "fuse only the tail" baseline.
+//   config() → dict: the kernel's compile-time constants (filter size, channels and columns per thread, …).
+//   plan(c_in, D, H, W, c_out, smem_limit) → dict: the shared-memory plan the launcher takes for one sample
+//       under an opt-in limit of smem_limit bytes per block (slab depth, slabs, row pitch, bytes).
 // float32, contiguous, CUDA; the biases and the GroupNorm affine parameters may be None (bias=False, affine=False).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -519,6 +546,11 @@ inline void check_tensor(const torch::Tensor& t, const char* op, const char* nam
     KB_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides()),
                 " for sizes ", shape_str(t.sizes()), " (call .contiguous() first)");
     KB_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+    // The book's kernels are forward-only: an output computed from a tensor that autograd tracks would come
+    // back silently detached from the graph, and a later backward would skip this op without a word.
+    KB_CHECK(!(t.requires_grad() && at::GradMode::is_enabled()), op, ": ", name,
+             " requires grad, but this kernel is forward-only (it has no backward); call it under "
+             "torch.no_grad() or pass ", name, ".detach()");
 }
 
 inline void check_shape(const torch::Tensor& t, c10::IntArrayRef expected, const char* op, const char* name) {
@@ -560,6 +592,8 @@ int p27_max_out_channels();
 int p27_tail_max_channels();
 int64_t p27_smem_bytes(int C_in, int H, int Wp, int C_out, int T);
 int p27_slab_depth(int C_in, int D, int H, int W, int C_out, int64_t max_smem);
+int p27_pitch(int C_in, int H, int W, int C_out, int T, int64_t max_smem);
+int p27_constants(int* v, int n);
 cudaError_t launch_p27_fused(const float* x, const float* w, const float* cb, const float* gw, const float* gb,
                              float* out, int64_t N, int C_in, int D, int H, int W, int C_out, int num_groups,
                              float eps, int64_t max_smem, cudaStream_t stream);
@@ -682,6 +716,37 @@ torch::Tensor p27_tail(const torch::Tensor& y, const std::optional<torch::Tensor
     return o;
 }
 
+pybind11::dict p27_config() {
+    int v[16] = {};
+    const int n = p27_constants(v, 16);
+    const char* names[] = {"kernel_size", "channels_per_thread", "columns_per_thread", "window_columns",
+                           "threads", "tail_threads", "kd_unroll", "stage_loads"};
+    TORCH_CHECK(n == static_cast<int>(sizeof(names) / sizeof(names[0])), "config: constants and names disagree");
+    pybind11::dict d;
+    for (int i = 0; i < n; ++i) d[names[i]] = v[i];
+    return d;
+}
+
+pybind11::dict p27_plan(int64_t c_in, int64_t D, int64_t H, int64_t W, int64_t c_out, int64_t smem_limit) {
+    constexpr const char* op = "plan";
+    const int k = p27_kernel_size();
+    KB_CHECK(c_in >= 1 && c_out >= 1 && c_out <= p27_max_out_channels() && D >= k && H >= k && W >= k &&
+                 D <= 65536 && H <= 65536 && W <= 65536 && c_in <= 4096 && smem_limit > 0,
+             op, ": sizes out of range (c_in ", c_in, ", D x H x W ", D, "x", H, "x", W, ", c_out ", c_out,
+             ", smem_limit ", smem_limit, ")");
+    const int ci = static_cast<int>(c_in), d = static_cast<int>(D), h = static_cast<int>(H), w = static_cast<int>(W),
+              co = static_cast<int>(c_out);
+    const int T = p27_slab_depth(ci, d, h, w, co, smem_limit);
+    const int DO = d - k + 1;
+    pybind11::dict r;
+    r["depths_per_slab"] = T;
+    r["slabs"] = T > 0 ? (DO + T - 1) / T : 0;
+    const int Wp = T > 0 ? p27_pitch(ci, h, w, co, T, smem_limit) : (w + 3) / 4 * 4;
+    r["row_pitch"] = Wp;
+    r["smem_bytes"] = T > 0 ? p27_smem_bytes(ci, h, Wp, co, T) : int64_t{0};
+    return r;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     using pybind11::arg;
     m.def("p27_forward", &p27_forward,
@@ -692,6 +757,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("p27_tail", &p27_tail,
           "mean over the spatial dims of GroupNorm(hardswish(y)) from a materialised conv output y; returns (N, C)",
           arg("y"), arg("gn_weight"), arg("gn_bias"), arg("num_groups"), arg("eps"), arg("out") = pybind11::none());
+    m.def("config", &p27_config, "the fused kernel's compile-time constants");
+    m.def("plan", &p27_plan, "the shared-memory plan of one sample under an opt-in limit (bytes per block)",
+          arg("c_in"), arg("D"), arg("H"), arg("W"), arg("c_out"), arg("smem_limit"));
 }
 '''
 

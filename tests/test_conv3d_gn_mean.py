@@ -12,23 +12,32 @@ import importlib.util
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import kernelbook as kb
-from kernelbook import check
+from kernelbook import check, gn_mean
 from kernelbook.paths import ROOT
 
 P27 = kb.problems.P27_CONV3D_GN_MEAN
 SOLUTION = ROOT / "solutions" / "27_Conv3d_HardSwish_GroupNorm_Mean.py"
-TOL = 1e-5  # the issue's bound on the relative error against float64
+TOL = 1e-5  # our bound on the relative error against float64
 
 
 @pytest.fixture(scope="module")
 def ext():
     return kb.build.load("conv3d_gn_mean", arch=None if kb.gpu() else "90")
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    """The kernels are forward-only: every test calls them with grad mode off, as the chapter does
+    (test_refuses_tensors_that_require_grad turns it back on)."""
+    with torch.no_grad():
+        yield
 
 
 def _model(c_in=3, c_out=16, groups=4, bias=True, affine=True, seed=0, device="cuda"):
@@ -268,6 +277,49 @@ def test_bad_input_without_a_gpu(ext):
         ext.p27_forward(torch.ones(1, 3, 6, 6, 6), w, b, None, None, 4, 1e-5)
     with pytest.raises(RuntimeError, match="y must be a CUDA tensor"):
         ext.p27_tail(torch.ones(1, 16, 6, 6, 6), None, None, 4, 1e-5)
+
+
+@pytest.mark.gpu
+def test_refuses_tensors_that_require_grad(ext):
+    m, x = _model(), torch.rand(2, 3, 6, 7, 8, device="cuda")
+    with torch.enable_grad(), pytest.raises(RuntimeError, match="conv_weight requires grad.*forward-only"):
+        _run(ext, m, x)
+
+
+@pytest.mark.compile
+def test_config_and_plans_agree_with_the_kernel(ext):
+    """config() holds the kernel's constants; plan() the launcher's shared-memory plan (no GPU needed)."""
+    cfg = ext.config()
+    assert (cfg["kernel_size"], cfg["channels_per_thread"], cfg["columns_per_thread"]) == (4, 8, 8)
+    assert cfg["window_columns"] == 4 * -(-(cfg["columns_per_thread"] + 3) // 4)  # COLS + K − 1, as float4
+    c_in, d, h, w = P27.input_shape[1:]
+    plans = {g: ext.plan(c_in, d, h, w, 16, b) for g, b in gn_mean.SMEM_LIMITS.items()}
+    for (g, b), p in zip(gn_mean.SMEM_LIMITS.items(), plans.values(), strict=True):
+        assert 0 < p["smem_bytes"] <= b and p["slabs"] * p["depths_per_slab"] >= d - 3, (g, p)
+        assert p["row_pitch"] % 4 == 0 and p["row_pitch"] >= w
+    assert plans["H100/H200 (sm_90)"]["slabs"] == 1 and plans["T4 (sm_75)"]["depths_per_slab"] == 1
+    assert plans["A100 (sm_80)"]["row_pitch"] == 36  # the conflict-free pitch, where it fits
+    assert ext.plan(3, 5, 400, 400, 16, 232448)["depths_per_slab"] == 0  # refused by p27_forward
+
+
+def test_design_and_ladder_of_the_chapter():
+    cfg = {"channels_per_thread": 8, "columns_per_thread": 8, "threads": 512}
+    dz = gn_mean.design(cfg, 16, (13, 29, 29))
+    assert (dz["groups"], dz["warps_per_group"], dz["items"], dz["rounds"]) == (2, 8, 1508, 6)
+    assert dz["useful"] == pytest.approx(29 / 32 * 1508 / 1536)
+    rec = {"timings_ms": {v: {"median": 1.0} for v in ("eager", "compile", "compile_max", "tail_fused",
+                                                       "ours", "ours_kd2", "ours_kd4")}}
+    rows = gn_mean.ladder(rec, floor_ms=0.5)
+    assert rows and all(r["version"] and r["what changed"] for r in rows)
+    assert [r["% of FFMA peak"] for r in rows if r["variant"]] == [50.0] * 7
+
+
+def test_pivot_shifted_sums_keep_their_digits():
+    rng = np.random.default_rng(0)
+    h = (1000 + rng.standard_normal((4, 10_000))).astype(np.float32)
+    v64 = h.astype(np.float64).var(axis=1)
+    err = {k: np.abs(v / v64 - 1).max() for k, v in gn_mean.shifted_variances(h).items()}
+    assert err["E[h²] − E[h]²"] > 1e-2 and err["pivot-shifted sums (kernel)"] < 1e-5
 
 
 # ---------------------------------------------------------------------------------------------- solution file

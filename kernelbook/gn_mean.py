@@ -1,0 +1,253 @@
+"""Chapter 7's own models: P27 (Conv3d → HardSwish → GroupNorm → mean) as the fused kernel sees it.
+
+The reference in float64, the calls of the two kernels of ``kernels/conv3d_gn_mean``, the work
+decomposition of the fused kernel (from its constants, read from the built module), the float32
+model of its pivot-shifted statistics, the Nsight Compute request for it, and its version ladder
+(``notes/conv3d_gn_mean.ladder.json``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .paths import ROOT
+from .problems import P27, P27_CONV3D_GN_MEAN
+
+TOL = 1e-5  # the chapter's bound on an fp32 result's relative error against float64
+
+# Shapes the kernel was not tuned for: (N, C_in, D, H, W, C_out, groups).
+SHAPES = [(1, 3, 16, 32, 32, 16, 4), (2, 3, 9, 17, 23, 16, 4), (3, 3, 9, 17, 23, 8, 2),
+          (2, 3, 9, 17, 23, 24, 3), (2, 5, 7, 11, 13, 32, 8), (1, 3, 16, 32, 33, 16, 1),
+          (2, 2, 6, 9, 130, 64, 16), (2, 3, 20, 40, 36, 16, 4)]
+
+# Opt-in shared memory per block (bytes), CUDA C++ Programming Guide, compute capabilities table.
+SMEM_LIMITS = {"H100/H200 (sm_90)": 232448, "A100 (sm_80)": 166912,
+               "RTX 30/40 (sm_86/89)": 101376, "T4 (sm_75)": 65536}
+
+
+def model(c_in: int = 3, c_out: int = 16, groups: int = 4, seed: int = 0, device: str = "cuda",
+          k: int = 4) -> P27:
+    """A P27 module whose GroupNorm affine parameters matter: γ of both signs, β ≠ 0."""
+    torch.manual_seed(seed)
+    m = P27(c_in, c_out, k, num_groups=groups).to(device)
+    with torch.no_grad():
+        m.group_norm.weight.uniform_(-2, 2)
+        m.group_norm.bias.uniform_(-1, 1)
+    return m
+
+
+def reference64(m: torch.nn.Module, x: torch.Tensor, tol: float = TOL) -> tuple[torch.Tensor, float]:
+    """The module in float64 on x, and the tolerance for a float32 computation of it: ``tol``,
+    widened only where a group's |μ|/σ makes any float32 statistics lose digits."""
+    from .check import normalisation_tol
+
+    m64 = copy.deepcopy(m).double()
+    with torch.no_grad():
+        h = F.hardswish(m64.conv(x.double()))
+        ref = m64.group_norm(h).mean(dim=[2, 3, 4])
+        by_group = h.reshape(h.shape[0], m64.group_norm.num_groups, -1)
+        return ref, max(tol, normalisation_tol(by_group, (2,), k=64.0))
+
+
+def check_cases(m: torch.nn.Module, device: str = "cuda") -> dict[str, tuple]:
+    """(module, input, smem_limit) per check of the fused kernel beyond P27 itself: the shapes in
+    ``SHAPES``, P27 planned as on GPUs with less shared memory, and P27 inputs shifted by ±1000."""
+    from .check import rand
+
+    p = P27_CONV3D_GN_MEAN
+    cases = {f"ours {s}": (model(s[1], s[5], s[6], seed=sum(s), device=device),
+                           rand(s[:5], seed=sum(s), device=device), 0) for s in SHAPES}
+    x8 = p.inputs(seed=9, batch=8, device=device)
+    cases |= {f"ours P27 planned as on {g}": (m, x8, b) for g, b in list(SMEM_LIMITS.items())[1:]}
+    cases |= {f"ours P27 inputs {s:+g}": (m, p.inputs(seed=5, batch=8, device=device) + s, 0)
+              for s in (1e3, -1e3)}
+    return cases
+
+
+def fused(ext, m: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = None,
+          smem_limit: int = 0) -> torch.Tensor:
+    """P27 by the fused kernel (call under ``torch.no_grad()``: the kernel is forward-only)."""
+    gn = m.group_norm
+    return ext.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps,
+                           out, smem_limit=smem_limit)
+
+
+def tail(ext, m: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """P27 by cuDNN's materialised convolution, then our one tail kernel."""
+    gn = m.group_norm
+    y = F.conv3d(x, m.conv.weight, m.conv.bias)
+    return ext.p27_tail(y, gn.weight, gn.bias, gn.num_groups, gn.eps, out)
+
+
+def design(cfg: Mapping[str, int], c_out: int, out_shape: tuple[int, int, int]) -> dict:
+    """The fused kernel's decomposition of one sample, from its constants (``ext.config()``):
+    channel groups, work items, rounds of lanes, and the useful fraction of the FFMAs it issues."""
+    do, ho, wo = out_shape
+    co_t, cols, threads = cfg["channels_per_thread"], cfg["columns_per_thread"], cfg["threads"]
+    g8 = 1 << (math.ceil(c_out / co_t) - 1).bit_length()  # channel groups, a power of 2
+    lanes = threads // g8                                  # lanes per channel group
+    col_blocks = math.ceil(wo / cols)
+    items = do * ho * col_blocks                           # work items per sample and group
+    rounds = math.ceil(items / lanes)
+    useful = wo / (col_blocks * cols) * items / (rounds * lanes)
+    return {"co_t": co_t, "cols": cols, "threads": threads, "groups": g8,
+            "warps_per_group": threads // 32 // g8, "col_blocks": col_blocks, "items": items,
+            "rounds": rounds, "lanes_per_group": lanes, "useful": useful}
+
+
+def shifted_variances(h32: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-row variances of float32 data two ways, in float32 arithmetic: E[h²] − E[h]², and the
+    kernel's sums of d = 6h − 6h[0] (a pivot from the data); a model of its numerics, not a replay."""
+    n = np.float32(h32.shape[1])
+    out = {}
+    for name, v, scale in [("E[h²] − E[h]²", h32, 0), ("pivot-shifted sums (kernel)",
+                                                       6 * h32 - 6 * h32[:, :1], 36)]:
+        s1, s2 = v.sum(axis=1, dtype=np.float32), (v * v).sum(axis=1, dtype=np.float32)
+        out[name] = (s2 - s1 * s1 / n) / n / scale if scale else s2 / n - (s1 / n) ** 2
+    return out
+
+
+# Nsight Compute: the basic counters, shared-memory wavefronts and conflicts, and stall reasons.
+STALLS = ["short_scoreboard", "mio_throttle", "barrier", "long_scoreboard", "not_selected", "wait",
+          "math_pipe_throttle", "dispatch_stall", "no_instruction", "lg_throttle"]
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+NCU_BASIC = ["smsp__inst_executed.sum", "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum",
+             "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+             "smsp__issue_active.avg.pct_of_peak_sustained_active",
+             "sm__warps_active.avg.pct_of_peak_sustained_active", "dram__bytes_read.sum"]
+NCU_SMEM = ["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+            "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"]
+NCU_ALL = NCU_BASIC + NCU_SMEM + [STALL.format(s) for s in STALLS]
+
+
+def ncu_target(chapter: str, variant: str = "ours") -> str:
+    """A script that runs the fused kernel once on P27 inside the NVTX range ``chapter/variant``."""
+    return f"""
+import torch, kernelbook as kb
+from kernelbook import gn_mean
+torch.set_grad_enabled(False)  # the kernels are forward-only
+p27 = kb.problems.P27_CONV3D_GN_MEAN
+ext, m = kb.build.load("conv3d_gn_mean"), p27.model(seed=0).cuda()
+x = p27.inputs(seed=0, device="cuda")
+gn_mean.fused(ext, m, x)  # the first launch (opt-in attribute, first touch) stays outside
+with kb.timing.nvtx_range("{chapter}", "{variant}"):
+    gn_mean.fused(ext, m, x)
+torch.cuda.synchronize()
+"""
+
+
+def stalls(nc: Mapping[str, float]) -> dict[str, float]:
+    """Warps stalled per issued instruction, by reason, largest first (those recorded)."""
+    found = {s: float(nc[STALL.format(s)]) for s in STALLS if STALL.format(s) in nc}
+    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+
+
+def ladder(rec: dict, floor_ms: float, path=None) -> list[dict]:
+    """The kernel's versions (``notes/conv3d_gn_mean.ladder.json``) with this record's times, where a
+    version was measured, and the share of the FFMA floor each reached."""
+    steps = json.loads((path or ROOT / "notes" / "conv3d_gn_mean.ladder.json").read_text())
+    rows = []
+    for s in steps:
+        ms = rec["timings_ms"][s["variant"]]["median"] if s.get("variant") else float("nan")
+        rows.append({"version": s["version"], "variant": s.get("variant") or "",
+                     "time (ms)": ms, "predicted (ms)": s.get("predicted_ms", float("nan")),
+                     "% of FFMA peak": 100 * floor_ms / ms, "what changed": s["changed"]})
+    return rows
+
+
+
+COUNTERS = {"ffma_share": "FFMA share of warp instructions, %",
+            "ffma_per_mac": "thread FFMAs per useful multiply-add",
+            "ffma_pred": "the same, predicted: 32/29 columns × (1 + 2/192)",
+            "fma_pipe": "FMA pipe busy, % of peak", "issue_pct": "issue slots used, %",
+            "warps_pct": "warps active, % of the SM's maximum",
+            "dram_read_ratio": "DRAM bytes read ÷ input bytes"}
+
+
+def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in: int, h: int,
+               k: int, smem_limit: int):
+    """The fused kernel's decomposition of one sample, from its constants and launch plan: which
+    warp of a channel group computes each output value of depth 0 (left), and what one block
+    stages in shared memory (right)."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    _, ho, wo = out_shape
+    cols, warps = dz["cols"], dz["warps_per_group"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4.4), width_ratios=[1.3, 1])
+    slot = (np.arange(ho * dz["col_blocks"]) // 32) % warps  # items of depth 0, 32 per warp
+    grid = np.repeat(slot.reshape(ho, -1), cols, axis=1).astype(float)
+    grid[:, wo:] = np.nan                                      # computed, then masked out
+    ax.imshow(grid, cmap="tab10", vmin=0, vmax=9, aspect="auto", interpolation="nearest")
+    ax.add_patch(plt.Rectangle((wo - 0.5, -0.5), grid.shape[1] - wo, ho, hatch="///", fill=False,
+                               color=plots.CEILING))
+    for q in range(1, dz["col_blocks"]):
+        ax.axvline(q * cols - 0.5, color="white", lw=1)
+    ax.set(xlabel=f"output column (items of {cols}; hatched: computed for nothing)",
+           ylabel="output row",
+           title=f"Depth 0, channels 0–{dz['co_t'] - 1}: colour = which of {warps} warps")
+    planes, pitch = plan["depths_per_slab"] + 3, plan["row_pitch"]
+    wt = c_in * k**3 * dz["co_t"] * dz["groups"] * 4
+    inp = c_in * planes * h * pitch * 4
+    left = 0
+    for label, size, colour, y in [("weights", wt, plots.BASELINE, 0.45),
+                                   (f"input: {c_in}×{planes}×{h}×{pitch}", inp, plots.OURS, 0.45),
+                                   ("statistics", plan["smem_bytes"] - wt - inp, plots.CEILING, -0.55)]:
+        bx.barh(0, size / 1024, left=left / 1024, color=colour, edgecolor="white")
+        bx.annotate(f"{label}\n{size / 1024:,.1f} KiB", (left / 1024 + size / 2048, y), ha="center",
+                    fontsize=9)
+        left += size
+    bx.axvline(smem_limit / 1024, color="black", ls=":")
+    bx.set(ylim=(-0.8, 1.0), yticks=[], xlabel="shared memory per block (KiB); dotted: limit",
+           title="What one block stages")
+    fig.tight_layout()
+    return fig
+
+
+def plot_ladder(steps, floor_ms: float):
+    """Horizontal bars of the measured versions (``ladder`` rows with a variant), log time, with
+    the FFMA floor dotted."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    timed = [s for s in steps if s["variant"]]
+    fig, ax = plt.subplots(figsize=(8, 0.42 * len(timed) + 1.2))
+    ax.barh([s["version"] for s in timed], [s["time (ms)"] for s in timed],
+            color=[plots.colour(s["variant"]) for s in timed])
+    ax.axvline(floor_ms, color=plots.CEILING, ls=":")
+    ax.annotate("FFMA peak", (floor_ms, len(timed) - 0.6), fontsize=7, xytext=(3, 0),
+                textcoords="offset points")
+    ax.set(xscale="log", xlabel="median time (ms, log scale)", title="P27, version by version")
+    ax.invert_yaxis()
+    return fig
+
+
+def design_rows(dz: Mapping, n: int, sms: int) -> dict[str, object]:
+    """The decomposition from ``design`` as rows of a table, for one block per SM."""
+    return {"channels × columns per thread": f"{dz['co_t']} × {dz['cols']}",
+            "threads per block (one block per sample)": dz["threads"],
+            "channel groups × warps per group": f"{dz['groups']} × {dz['warps_per_group']}",
+            "work items per sample and group": dz["items"],
+            f"rounds of {dz['lanes_per_group']} lanes": dz["rounds"],
+            "useful fraction of issued FFMAs": f"{dz['useful']:.3f}",
+            f"waves of {n} blocks on {sms} SMs": f"{n / sms:.2f}"}
+
+
+def counters(nc: Mapping[str, float], macs: int, input_bytes: int) -> dict[str, float]:
+    """The fused kernel's Nsight Compute counters as the chapter reads them (keys of ``COUNTERS``)."""
+    ffma = nc["smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"]
+    return {"ffma_share": 100 * ffma / 32 / nc["smsp__inst_executed.sum"],
+            "ffma_per_mac": ffma / macs,
+            "fma_pipe": nc["sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"],
+            "issue_pct": nc["smsp__issue_active.avg.pct_of_peak_sustained_active"],
+            "warps_pct": nc["sm__warps_active.avg.pct_of_peak_sustained_active"],
+            "dram_read_ratio": nc["dram__bytes_read.sum"] / input_bytes}
