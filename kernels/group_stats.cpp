@@ -1,5 +1,5 @@
 // group_stats.cpp — the torch binding of group_stats.cu: per-(sample, group) mean and biased variance of an
-// (N, C, *) float32 tensor by one of three algorithms, and a GroupNorm forward on the Welford statistics.
+// (N, C, *) float32 tensor by one of four algorithms, and a GroupNorm forward on the Welford statistics.
 //
 // x is (N, C, *) — trailing dimensions flattened into S, so a Conv3d output (N, C, D, H, W) is taken as is —
 // float32, contiguous, on a CUDA device; groups divides C. The pointer may have any alignment a float has.
@@ -34,8 +34,9 @@ int algo_id(const std::string& algo) {
     if (algo == "twopass") return 1;
     if (algo == "welford") return 2;
     if (algo == "welford_noshift") return 3;
-    KB_CHECK(false, "group_stats: algo must be one of 'onepass', 'twopass', 'welford', 'welford_noshift', got '",
-             algo, "'");
+    if (algo == "onepass_f64") return 4;
+    KB_CHECK(false, "group_stats: algo must be one of 'onepass', 'onepass_f64', 'twopass', 'welford', ",
+             "'welford_noshift', got '", algo, "'");
     return -1;
 }
 
@@ -77,7 +78,8 @@ void run_stats(const torch::Tensor& x, const Shape& s, torch::Tensor& mean, torc
     const int splits = group_stats_splits(s.rows, s.L, sms);
     KB_CHECK(splits > 0, op, ": groups of ", s.L, " values are too long for the grid (at most 65535 blocks of ",
              "2^22 values per group)");
-    torch::Tensor partial = torch::empty({splits > 1 ? s.rows * splits * 3 : 1}, x.options());
+    // 4 floats per split: 3 for a Welford state, or 2 doubles (one-pass in double); 16-byte aligned
+    torch::Tensor partial = torch::empty({splits > 1 ? s.rows * splits * 4 : 1}, x.options());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     kb::check_launch(launch_group_stats(x.data_ptr<float>(), mean.data_ptr<float>(), var.data_ptr<float>(),
                                         partial.data_ptr<float>(), s.rows, s.L, splits, algo, stream),
@@ -147,7 +149,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     using pybind11::arg;
     m.def("group_stats", &group_stats,
           "Per-(sample, group) mean and biased variance of x (N, C, *), by algo 'onepass' (E[x^2] - E[x]^2), "
-          "'twopass', 'welford' (shifted by the group's first value) or 'welford_noshift'.",
+          "'onepass_f64' (the same with sums in double), 'twopass', 'welford' (shifted by the group's first value) or 'welford_noshift'.",
           arg("x"), arg("groups"), arg("algo"), arg("mean_out") = pybind11::none(),
           arg("var_out") = pybind11::none());
     m.def("group_norm", &group_norm, "GroupNorm forward on Welford statistics; returns (y, mean, biased variance).",

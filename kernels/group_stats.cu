@@ -1,4 +1,4 @@
-// group_stats.cu — per-(sample, group) mean and biased variance of an (N, C, S) float32 tensor, three ways,
+// group_stats.cu — per-(sample, group) mean and biased variance of an (N, C, S) float32 tensor, four ways,
 // and a GroupNorm forward built on the stable one.
 //
 // With G groups, group (n, g) is the contiguous run of L = (C/G)·S values starting at (n·G + g)·L: the
@@ -7,6 +7,9 @@
 // A row whose start is not 16-byte aligned begins with up to 3 scalar "head" values, and a row whose
 // length is not a multiple of 4 ends with up to 3 "tail" values: split 0 takes those, one per thread.
 //   kOnePass     Σx and Σx² in float, then var = Σx²/L − (Σx/L)²: one read; cancels when |μ| ≫ σ.
+//   kOnePassF64  the same sums accumulated in double: a float's square is exact in double (24 + 24 bits
+//                of significand fit in 53), so the sums carry 29 more bits into the same subtraction,
+//                which then loses log10((μ/σ)²) of double's 16 digits instead of float's 7.
 //   kSum         Σx → mean (first pass of two-pass).
 //   kCentered    Σd and Σd², d = x − mean → var = (Σd² − (Σd)²/L)/L (second pass; the corrected two-pass
 //                formula of Chan, Golub & LeVeque: the (Σd)² term removes the error of the rounded mean).
@@ -39,23 +42,29 @@ constexpr int kBlocksPerSM = 8;            // 8 × 256 threads: a full SM of sm_
 constexpr int64_t kMinItemsPerSplit = int64_t{2} * kThreads * kUnroll;
 constexpr int64_t kMaxItemsPerSplit = int64_t{1} << 20;
 
-enum Algo : int { kOnePass = 0, kSum = 1, kCentered = 2, kWelford = 3, kWelfordNoShift = 4 };
+enum Algo : int { kOnePass = 0, kSum = 1, kCentered = 2, kWelford = 3, kWelfordNoShift = 4, kOnePassF64 = 5 };
 
 struct Params {
     const float* x;
     float* mean;      // [rows]
     float* var;       // [rows]
-    float* partial;   // [rows · splits · 3] when splits > 1
+    float* partial;   // [rows · splits · 4] when splits > 1 (kOnePassF64: 2 doubles per split)
     int64_t rows, L;
     int splits;
 };
 
-// Two float sums (Σx, Σx²), (Σx, unused) or (Σd, Σd²).
+// Two sums (Σx, Σx²), (Σx, unused) or (Σd, Σd²): in float, or in double for kOnePassF64.
+template <typename T>
 struct Pair {
-    float a, b;
+    T a, b;
 };
 
-__device__ __forceinline__ Pair pair_warp_reduce(Pair s) {
+// The accumulator type of a pair algorithm.
+template <int A>
+using Acc = typename std::conditional<A == kOnePassF64, double, float>::type;
+
+template <typename T>
+__device__ __forceinline__ Pair<T> pair_warp_reduce(Pair<T> s) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
         s.a += __shfl_down_sync(0xffffffffu, s.a, offset);
@@ -65,13 +74,14 @@ __device__ __forceinline__ Pair pair_warp_reduce(Pair s) {
 }
 
 // Every thread of the block calls this; thread 0 ends with the total.
-__device__ __forceinline__ Pair pair_block_reduce(Pair s, Pair* scratch) {
+template <typename T>
+__device__ __forceinline__ Pair<T> pair_block_reduce(Pair<T> s, Pair<T>* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     s = pair_warp_reduce(s);
     if (lane == 0) scratch[warp] = s;
     __syncthreads();
     if (warp == 0) {
-        s = lane < kWarps ? scratch[lane] : Pair{0.f, 0.f};
+        s = lane < kWarps ? scratch[lane] : Pair<T>{T(0), T(0)};
         s = pair_warp_reduce(s);
     }
     return s;
@@ -106,12 +116,12 @@ __device__ __forceinline__ float row_center(const Params& p, const Row& r, int64
 
 // Results of the whole row: write them.
 template <int A>
-__device__ __forceinline__ void finish_pair(const Params& p, int64_t row, Pair s) {
-    const float n = static_cast<float>(p.L);
-    if constexpr (A == kOnePass) {
-        const float mean = s.a / n;
-        p.mean[row] = mean;
-        p.var[row] = s.b / n - mean * mean;  // the one-pass formula, as it is: may be negative
+__device__ __forceinline__ void finish_pair(const Params& p, int64_t row, Pair<Acc<A>> s) {
+    const Acc<A> n = static_cast<Acc<A>>(p.L);
+    if constexpr (A == kOnePass || A == kOnePassF64) {
+        const Acc<A> mean = s.a / n;
+        p.mean[row] = static_cast<float>(mean);
+        p.var[row] = static_cast<float>(s.b / n - mean * mean);  // the one-pass formula: may be negative
     } else if constexpr (A == kSum) {
         p.mean[row] = s.a / n;
     } else {  // kCentered
@@ -121,7 +131,8 @@ __device__ __forceinline__ void finish_pair(const Params& p, int64_t row, Pair s
 
 template <int A>
 __global__ void __launch_bounds__(kThreads) pair_stats_kernel(Params p) {
-    __shared__ Pair scratch[kWarps];
+    using T = Acc<A>;
+    __shared__ Pair<T> scratch[kWarps];
     const int64_t row = blockIdx.x;
     const int split = blockIdx.y;
     const Row r = row_layout(p.x, row, p.L);
@@ -131,7 +142,8 @@ __global__ void __launch_bounds__(kThreads) pair_stats_kernel(Params p) {
     const int64_t end = begin + chunk < r.items ? begin + chunk : r.items;
     const float4* __restrict__ x4 = reinterpret_cast<const float4*>(r.base + r.head);
 
-    Pair s{0.f, 0.f};
+    Pair<T> s{T(0), T(0)};
+    // excerpt: pair-loop
     for (int64_t j = begin + threadIdx.x; j < end; j += kThreads * kUnroll) {
         float4 v[kUnroll];
 #pragma unroll
@@ -144,28 +156,33 @@ __global__ void __launch_bounds__(kThreads) pair_stats_kernel(Params p) {
             const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const float d = e[q] - c;  // c = 0 except in the centred pass
+                const T d = static_cast<T>(e[q] - c);  // c = 0 except in the centred pass
                 s.a += d;
-                if constexpr (A != kSum) s.b = fmaf(d, d, s.b);
+                if constexpr (A != kSum) s.b = fma(d, d, s.b);  // double: d·d exact
             }
         }
     }
+    // end excerpt: pair-loop
     if (split == 0) {  // head and tail scalars, one per thread
         int64_t idx = -1;
         if (threadIdx.x < r.head) idx = threadIdx.x;
         else if (threadIdx.x >= 4 && threadIdx.x < 4 + r.tail) idx = r.tail_start + threadIdx.x - 4;
         if (idx >= 0) {
-            const float d = r.base[idx] - c;
+            const T d = static_cast<T>(r.base[idx] - c);
             s.a += d;
-            if constexpr (A != kSum) s.b = fmaf(d, d, s.b);
+            if constexpr (A != kSum) s.b = fma(d, d, s.b);
         }
     }
     s = pair_block_reduce(s, scratch);
     if (threadIdx.x != 0) return;
     if (p.splits == 1) {
         finish_pair<A>(p, row, s);
+    } else if constexpr (A == kOnePassF64) {  // 2 doubles in the split's 4 floats (16-byte aligned)
+        double* q = reinterpret_cast<double*>(p.partial) + (row * p.splits + split) * 2;
+        q[0] = s.a;
+        q[1] = s.b;
     } else {
-        float* q = p.partial + (row * p.splits + split) * 3;
+        float* q = p.partial + (row * p.splits + split) * 4;
         q[0] = s.a;
         q[1] = s.b;
     }
@@ -184,6 +201,7 @@ __global__ void __launch_bounds__(kThreads) welford_stats_kernel(Params p) {
     const float4* __restrict__ x4 = reinterpret_cast<const float4*>(r.base + r.head);
 
     kb::Welford<float> st{0.f, 0.f, 0.f};
+    // excerpt: welford-loop
     for (int64_t j = begin + threadIdx.x; j < end; j += kThreads * kUnroll) {
         float4 q[kUnroll];
 #pragma unroll
@@ -203,6 +221,7 @@ __global__ void __launch_bounds__(kThreads) welford_stats_kernel(Params p) {
         }
         kb::welford_merge(st, kb::welford_of(v, k));
     }
+    // end excerpt: welford-loop
     if (split == 0) {
         int64_t idx = -1;
         if (threadIdx.x < r.head) idx = threadIdx.x;
@@ -215,7 +234,7 @@ __global__ void __launch_bounds__(kThreads) welford_stats_kernel(Params p) {
         p.mean[row] = k0 + st.mean;
         p.var[row] = st.m2 / st.n;
     } else {
-        float* q = p.partial + (row * p.splits + split) * 3;
+        float* q = p.partial + (row * p.splits + split) * 4;
         q[0] = st.n;
         q[1] = st.mean;
         q[2] = st.m2;
@@ -229,22 +248,31 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(Params p) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= p.rows) return;
-    const float* q = p.partial + row * p.splits * 3;
+    const float* q = p.partial + row * p.splits * 4;
     if constexpr (A == kWelford || A == kWelfordNoShift) {
         kb::Welford<double> tot{0.0, 0.0, 0.0};
         for (int i = lane; i < p.splits; i += 32)
-            kb::welford_merge(tot, kb::Welford<double>{q[3 * i], q[3 * i + 1], q[3 * i + 2]});
+            kb::welford_merge(tot, kb::Welford<double>{q[4 * i], q[4 * i + 1], q[4 * i + 2]});
         tot = kb::welford_warp_reduce(tot);
         if (lane == 0) {
             const float k0 = A == kWelford ? p.x[row * p.L] : 0.f;
             p.mean[row] = k0 + static_cast<float>(tot.mean);
             p.var[row] = static_cast<float>(tot.m2 / tot.n);
         }
-    } else {
-        Pair s{0.f, 0.f};
+    } else if constexpr (A == kOnePassF64) {
+        const double* qd = reinterpret_cast<const double*>(q);
+        Pair<double> s{0.0, 0.0};
         for (int i = lane; i < p.splits; i += 32) {
-            s.a += q[3 * i];
-            s.b += q[3 * i + 1];
+            s.a += qd[2 * i];
+            s.b += qd[2 * i + 1];
+        }
+        s = pair_warp_reduce(s);
+        if (lane == 0) finish_pair<A>(p, row, s);
+    } else {
+        Pair<float> s{0.f, 0.f};
+        for (int i = lane; i < p.splits; i += 32) {
+            s.a += q[4 * i];
+            s.b += q[4 * i + 1];
         }
         s = pair_warp_reduce(s);
         if (lane == 0) finish_pair<A>(p, row, s);
@@ -325,8 +353,8 @@ int group_stats_splits(int64_t rows, int64_t L, int sm_count) {
     return splits > 65535 ? -1 : static_cast<int>(splits);  // -1: a row too long for the grid
 }
 
-// algo: 0 one-pass, 1 two-pass, 2 Welford (shifted), 3 Welford without the shift. partial: rows·splits·3
-// floats when splits > 1. Writes mean[rows] and var[rows] (biased).
+// algo: 0 one-pass, 1 two-pass, 2 Welford (shifted), 3 Welford without the shift, 4 one-pass with double
+// sums. partial: rows·splits·4 floats when splits > 1. Writes mean[rows] and var[rows] (biased).
 cudaError_t launch_group_stats(const float* x, float* mean, float* var, float* partial, int64_t rows, int64_t L,
                                int splits, int algo, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
@@ -340,6 +368,7 @@ cudaError_t launch_group_stats(const float* x, float* mean, float* var, float* p
         }
         case 2: return launch_pass<kWelford>(p, stream);
         case 3: return launch_pass<kWelfordNoShift>(p, stream);
+        case 4: return launch_pass<kOnePassF64>(p, stream);
         default: return cudaErrorInvalidValue;
     }
 }

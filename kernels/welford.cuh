@@ -17,6 +17,7 @@ struct Welford {
     T n, mean, m2;
 };
 
+// excerpt: chan-merge
 // Merge b into a. Either side may be empty (n == 0); no division by zero happens.
 template <typename T>
 __host__ __device__ __forceinline__ void welford_merge(Welford<T>& a, const Welford<T>& b) {
@@ -29,6 +30,7 @@ __host__ __device__ __forceinline__ void welford_merge(Welford<T>& a, const Welf
     a.m2 += b.m2 + delta * delta * a.n * wb;
     a.n = n;
 }
+// end excerpt: chan-merge
 
 // The state of k values held in registers, by two passes over them (exact mean first, then M2).
 template <int K>

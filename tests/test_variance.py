@@ -111,6 +111,34 @@ def test_group_variance_from_channel_states_is_exact_and_averaging_is_not():
     assert abs(V.variance(chans).mean() - direct) > 0.5 * direct  # the between-channel part is missing
 
 
+def test_float64_sums_hold_up_to_the_limit_and_not_beyond():
+    x = V.shifted_normal([1e4, 1e6], P27_GROUP, trials=8, seed=9)
+    _, ref = V.reference(x)
+    _, var = V.onepass_f64(x)
+    err = V.rel_error(var, ref)
+    assert var.dtype == np.float32 and 1e4 < V.onepass_f64_limit() < 1e6
+    assert err[0].max() < 1e-6 and np.median(err[1]) > 1e-6
+
+
+def test_fp64_cost_table_from_the_programming_guide():
+    t = V.fp64_cost_table()
+    assert t.loc["H200 SXM", "double / float time"] == 1.0
+    assert t.loc["T4", "double / float time"] > 1.5
+    assert V.values_per_sm_clock("7.5")["fp64 : fp32"] == 1 / 32
+
+
+def test_cancellation_picture_counts_the_bits():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    bits = V.cancellation_picture(ax, V.shifted_normal([1e3], 4096, 1, seed=0)[0, 0])
+    plt.close(fig)
+    assert bits["cancelled_bits"] >= 12 and bits["bits_left"] <= 6  # log2(1e6) ≈ 20 bits gone
+
+
 def test_sweep_table():
     df = V.sweep([1.0, 1e4], 1000, trials=4, seed=0)
     assert set(df["method"]) == set(V.METHODS)
@@ -125,7 +153,7 @@ def test_stats_tolerance_scales_with_the_ratio():
 
 # ---------------------------------------------------------------- GPU: kernels/group_stats
 
-ALGOS = ["onepass", "twopass", "welford", "welford_noshift"]
+ALGOS = ["onepass", "onepass_f64", "twopass", "welford", "welford_noshift"]
 SHAPES = [  # (shape, groups, offset of x's data in floats)
     ((2, 16, 10933), 4, 0), ((1, 16, 10933), 4, 0), ((1, 16, 10933), 4, 3), ((3, 6, 7), 3, 0), ((5, 4, 1), 2, 1),
     ((2, 8, 1023), 8, 2), ((1, 4, (1 << 20) + 3), 1, 1), ((7, 12, 5, 6, 7), 3, 0), ((1, 1, 1), 1, 0),
@@ -170,7 +198,7 @@ def test_shifted_data_on_the_p27_sized_tensor(gs, shift):
     x = torch.randn(1024, 16, 10933, device="cuda", generator=torch.Generator("cuda").manual_seed(1)) + shift
     _, vr = _ref(x, 4)
     err = {a: check.report(gs.group_stats(x, 4, a)[1], vr, 1.0)["rel_err"] for a in ALGOS}
-    assert err["welford"] <= 1e-5 and err["twopass"] <= 1e-5, err
+    assert err["welford"] <= 1e-5 and err["twopass"] <= 1e-5 and err["onepass_f64"] <= 1e-5, err
     assert err["onepass"] > 0.1 * U32 * shift**2, err  # the one-pass formula loses ≈ log10(shift²) digits
 
 
@@ -194,8 +222,8 @@ def test_group_norm_matches_nn_group_norm_in_float64(gs, shape, groups, offset, 
         with torch.no_grad():
             gn.weight.copy_(torch.rand(shape[1], generator=g, dtype=torch.float64) * 2 - 0.5)
             gn.bias.copy_(torch.randn(shape[1], generator=g, dtype=torch.float64))
-    w = gn.weight.float() if affine else None
-    b = gn.bias.float() if affine else None
+    w = gn.weight.detach().float() if affine else None  # the kernels are forward-only
+    b = gn.bias.detach().float() if affine else None
     out = check.poisoned(shape, "cuda")
     y, _, _ = gs.group_norm(x, groups, w, b, gn.eps, out)
     assert y.data_ptr() == out.data_ptr()
@@ -246,3 +274,58 @@ def test_grouped_reference_and_offset_input():
     assert mean.dtype == torch.float64 and mean.shape == (2, 3)
     empty_mean, empty_var = V.grouped_reference(torch.zeros(0, 4, 5), 2)
     assert empty_mean.shape == empty_var.shape == (0, 2)
+
+
+# ---------------------------------------------------------------- CPU: the chapter's bookkeeping
+
+class _TorchStandIn:
+    """group_stats' interface in float64 PyTorch on any device: runs the chapter's GPU-path helpers on the
+    CPU, so their plumbing (shapes, keys, outputs written in place) is tested before a GPU sees them."""
+
+    def group_stats(self, x, groups, algo, mean=None, var=None):
+        if groups < 1 or x.shape[1] % groups or x.dtype != torch.float32:
+            raise RuntimeError("group_stats: bad input")
+        if algo not in ALGOS or not x.is_contiguous() or (x.shape[0] and x[0].numel() == 0):
+            raise RuntimeError("group_stats: bad input")
+        n = x.shape[0]
+        v = x.double().reshape(n, groups, x[0].numel() // groups if n else 1)
+        var_, mean_ = torch.var_mean(v, dim=-1, correction=0) if n else (v.sum(-1), v.sum(-1))
+        mean = torch.empty(n, groups, device=x.device) if mean is None else mean
+        var = torch.empty(n, groups, device=x.device) if var is None else var
+        mean.copy_(mean_)
+        var.copy_(var_)
+        return mean, var
+
+    def group_norm(self, x, groups, weight, bias, eps, out=None):
+        if weight is not None and weight.numel() != x.shape[1]:
+            raise RuntimeError("group_norm: bad weight")
+        y = torch.nn.functional.group_norm(x.double(), groups, weight.double(), bias.double(), eps)
+        out = torch.empty_like(x) if out is None else out
+        out.copy_(y)
+        return (out, *self.group_stats(x, groups, "welford"))
+
+
+def test_chapter_gpu_helpers_run_on_a_cpu_stand_in():
+    gs = _TorchStandIn()
+    small = [c for c in V.check_cases(10933) if np.prod(c[0]) < 1e6]
+    checks = V.run_checks(gs, ALGOS, small, device="cpu", gn_cases=[((3, 6, 7), 3, 1)])
+    assert len(checks) == 2 * len(ALGOS) * len(small) + 1 and all(c["passed"] for c in checks.values())
+    acc = V.accuracy_p27_sized(gs, torch.rand(2, 16, 5, 6, 7), 4, ALGOS)
+    assert set(acc) == {"P27 real", "P27 real + 1000", "N(0,1) + 1e4"}
+    assert set(acc["P27 real"]) == {"max μ/σ", "onepass negatives", *ALGOS}
+    bad, empty_shape = V.bad_inputs(gs, device="cpu")
+    assert empty_shape == [0, 2] and bad["groups = 0"] != "accepted"
+    fns = V.timed_fns(gs, torch.rand(2, 16, 5, 6, 7), 4, ALGOS)
+    assert set(fns) == {*V.PASSES, "welford_n1"}
+    for fn in fns.values():
+        fn()
+
+
+def test_sweep_summary_quotes_what_the_chapter_says():
+    ratios = 10 ** np.arange(0, 6.01, 0.25)
+    methods = dict(V.METHODS, onepass_compensated=lambda x: V.onepass(x, compensated=True))
+    df = V.sweep(ratios, 2000, 4, seed=0, methods=methods)
+    med, worst, glued, table = V.sweep_summary(df, ratios, 4)
+    assert glued["neg_total"] > 0 and 0.5 < glued["noshift_slope"] < 1.5
+    assert len(table) == len(ratios[::4]) and "one-pass < 0" in table
+    assert V.ratio_quantiles(np.array([1.0, 2.0, 3.0]))["median"] == 2.0
