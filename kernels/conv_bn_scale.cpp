@@ -3,8 +3,10 @@
 // conv_bn_scale_train follows nn.BatchNorm2d in training mode: it normalises with the batch statistics and
 // updates running_mean / running_var / num_batches_tracked in place (momentum None: cumulative average).
 // strategy "moments" takes the statistics from the input's moments and writes the output once (C_in ≤ 8);
-// "inplace" writes the conv output with its statistics, then normalises it in place; "auto" picks moments
-// where it applies.
+// "inplace" writes the conv output with its statistics, then normalises it in place; "auto" (C_in ≤ 8) computes
+// the moments and their condition number κ per channel, and the GPU takes the in-place path for this call
+// when u·κ would exceed the guard's tolerance (conv_moments.cuh), without a host synchronisation; for
+// C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
 #include <torch/extension.h>
@@ -26,6 +28,17 @@ cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_
 void cbs_config(int* out);
 int cbs_moments_max_channels();
 int64_t cbs_moments_workspace();
+int64_t cbs_guard_offset();
+double cbs_guard_kappa_max();
+cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                  const float* beta, float* running_mean, float* running_var,
+                                  int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                  float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
+                                  int H, int W, int C_out, float momentum, float eps, float scale,
+                                  cudaStream_t stream);
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
+                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
+                                   cudaStream_t stream);
 cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
@@ -42,9 +55,9 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
 
 namespace {
 
-// Validates x (N, C_in, H, W), weight (C_out, C_in, 3, 3), bias (C_out or None) and out; returns the output.
-torch::Tensor checked_output(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
-                             const std::optional<torch::Tensor>& bias, const std::optional<torch::Tensor>& out) {
+// Validates x (N, C_in, H, W), weight (C_out, C_in, 3, 3) and bias (C_out or None); returns the output's shape.
+std::vector<int64_t> checked_shape(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
+                                   const std::optional<torch::Tensor>& bias) {
     KB_CHECK(x.dim() == 4, op, ": x must be 4-D (N, C_in, H, W), got ", x.dim(), "-D shape ",
              kb::shape_str(x.sizes()));
     KB_CHECK(weight.dim() == 4, op, ": weight must be 4-D (C_out, C_in, 3, 3), got ", weight.dim(), "-D shape ",
@@ -70,7 +83,13 @@ torch::Tensor checked_output(const char* op, const torch::Tensor& x, const torch
     const int64_t tiles = cbs_tiles(x.size(0), static_cast<int>(h), static_cast<int>(w), static_cast<int>(c_out));
     KB_CHECK(tiles <= INT_MAX, op, ": the output splits into ", tiles, " tiles, more than the kernel's 2^31 - 1; ",
              "split the batch");
-    const std::vector<int64_t> shape = {x.size(0), c_out, h - k + 1, w - k + 1};
+    return {x.size(0), c_out, h - k + 1, w - k + 1};
+}
+
+// checked_shape, and out (if given) checked; returns the output.
+torch::Tensor checked_output(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
+                             const std::optional<torch::Tensor>& bias, const std::optional<torch::Tensor>& out) {
+    const std::vector<int64_t> shape = checked_shape(op, x, weight, bias);
     if (!out) return torch::empty(shape, x.options());
     kb::check_tensor(*out, op, "out");
     kb::check_shape(*out, shape, op, "out");
@@ -161,7 +180,31 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     const auto fopts = x.options();
     const int c_in = static_cast<int>(x.size(1));
-    if (strategy == "moments" || (strategy == "auto" && c_in <= cbs_moments_max_channels())) {
+    if (strategy == "auto" && c_in <= cbs_moments_max_channels()) {
+        int64_t slots = 0;
+        kb::check_cuda(cbs_train_slots(N, c_in, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                                       static_cast<int>(C), &slots),
+                       op, "sizing the grid");
+        torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
+        torch::Tensor w_fold = torch::empty_like(conv_w);
+        torch::Tensor b_fold = torch::empty({C}, fopts);
+        torch::Tensor staged = torch::empty({2, C}, fopts);           // the moments' new running statistics
+        torch::Tensor mab = torch::empty({3, C}, fopts);              // the in-place path's per-channel map
+        torch::Tensor partial = torch::empty({C * slots * 3}, fopts);  // its Welford states
+        kb::check_launch(
+            launch_cbs_train_auto(
+                x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b), y.data_ptr<float>(),
+                ptr_or_null(bn_w), ptr_or_null(bn_b), tracking ? running_mean->data_ptr<float>() : nullptr,
+                tracking ? running_var->data_ptr<float>() : nullptr,
+                tracking ? num_batches_tracked->data_ptr<int64_t>() : nullptr, acc.data_ptr<double>(),
+                w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), staged.data_ptr<float>(),
+                mab.data_ptr<float>(), partial.data_ptr(), slots, N, c_in, static_cast<int>(x.size(2)),
+                static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
+                static_cast<float>(eps), static_cast<float>(scale), stream),
+            op);
+        return y;
+    }
+    if (strategy == "moments") {
         torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
         torch::Tensor w_fold = torch::empty_like(conv_w);
         torch::Tensor b_fold = torch::empty({C}, fopts);
@@ -197,6 +240,30 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     return y;
 }
 
+// Which path strategy="auto" takes for x and conv_w: "moments" or "inplace" (the guard on the GPU, then one
+// host synchronisation to read its flag: for inspection and tests; the training call itself never waits).
+std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tensor& conv_w,
+                                      const std::optional<torch::Tensor>& conv_b) {
+    constexpr const char* op = "conv_bn_scale_auto_choice";
+    const std::vector<int64_t> shape = checked_shape(op, x, conv_w, conv_b);
+    if (x.size(1) > cbs_moments_max_channels()) return "inplace";
+    KB_CHECK(shape[0] >= 1, op, ": x holds no samples");
+    const c10::cuda::CUDAGuard guard(x.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    const auto fopts = x.options();
+    torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
+    torch::Tensor w_fold = torch::empty_like(conv_w);
+    torch::Tensor b_fold = torch::empty({shape[1]}, fopts);
+    kb::check_launch(launch_cbs_guard_probe(x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b),
+                                            acc.data_ptr<double>(), w_fold.data_ptr<float>(),
+                                            b_fold.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
+                                            static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                                            static_cast<int>(shape[1]), stream),
+                     op);
+    const int flag = acc.slice(0, cbs_guard_offset(), cbs_guard_offset() + 1).view(torch::kInt32)[0].item<int>();
+    return flag != 0 ? "inplace" : "moments";
+}
+
 // The compile-time configuration: rows per thread, channels per thread, channel groups, warp rows, minimum
 // blocks per SM, cp.async staging, dynamic shared memory bytes (eval, train).
 std::vector<int64_t> conv_bn_scale_config() {
@@ -216,6 +283,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("conv_bn_scale_eval", &conv_bn_scale_eval,
           "conv2d(x, folded_w, folded_b), 3x3, stride 1, no padding: eval-mode P73 with BN and the scale folded in",
           arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none());
+    m.def("conv_bn_scale_auto_choice", &conv_bn_scale_auto_choice,
+          "The path strategy='auto' takes for this batch and filter: 'moments', or 'inplace' when u*kappa of some "
+          "output channel exceeds the guard's tolerance (synchronises: for inspection)",
+          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none());
+    m.def("guard_kappa_max", &cbs_guard_kappa_max,
+          "The guard's threshold: strategy='auto' takes the in-place path when kappa of some channel exceeds it");
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");
 }

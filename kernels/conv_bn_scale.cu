@@ -98,6 +98,8 @@ struct Stats {
     const int64_t* num_batches_tracked;  // read for momentum None; bn_train's apply kernel increments it
     float momentum;                // < 0: cumulative average (momentum None)
     float eps, scale;
+    const unsigned* guard;         // "auto": run only when *guard == run_if (conv_moments.cuh); null: always run
+    unsigned run_if;
 };
 
 struct Tile {
@@ -173,6 +175,7 @@ __device__ __forceinline__ void stage_weights(float* w_s, const float* __restric
 }
 
 // acc[rr][c][j] += Σ over the staged channels of the 3×3 window (rows r0+rr …, columns 2·lane+64p …).
+// excerpt: compute
 __device__ __forceinline__ void compute(float (&acc)[RPT][CO_T][2 * PAIRS], const float* in, const float* w_s, int nci,
                                         int r0, int g, int lane) {
 #pragma unroll 1
@@ -213,6 +216,7 @@ __device__ __forceinline__ void compute(float (&acc)[RPT][CO_T][2 * PAIRS], cons
         }
     }
 }
+// end excerpt: compute
 
 // One thread's running statistics: a Welford state per channel, all with the same count n (a register).
 // The (mean, M2) pairs live in shared memory, [channel][thread] as float2 (consecutive threads, consecutive
@@ -317,6 +321,9 @@ template <bool kStats, bool kPipe>
 __global__ void __launch_bounds__(THREADS, KB_CBS_MIN_BLOCKS)
 conv3x3_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                float* __restrict__ y, Shape s, Stats st) {
+    // "auto": the fold kernel's flag picks one path; the other path's launches end here (block-uniform, before
+    // any barrier or store).
+    if (st.guard != nullptr && *st.guard != st.run_if) return;
     extern __shared__ __align__(16) float smem[];
     float* w_s = smem + 2 * IN_BUF;
 
@@ -487,41 +494,57 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
     return cudaGetLastError();
 }
 
-// y ← (y − m[c])·a[c] + b[c] in place, over plane (n, c) = blockIdx.x, tile blockIdx.y of bn_train's apply grid,
-// and the batch counted (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
+// y ← (y − m[c])·a[c] + b[c] in place over bn_train's apply work items, (plane (n, c), tile) = item / tiles,
+// item % tiles, walked by a grid of at most kApplyBlocksPerSM blocks per SM (so that a launch the guard
+// turns away costs a few hundred empty blocks, not one per item), and the batch counted
+// (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
 // bn_train's bn_apply_kernel with x == y would be undefined behaviour: it reads through a const __restrict__
 // pointer, which nvcc compiles to ld.global.nc (the data must be read-only for the kernel's whole lifetime)
 // while the same kernel writes it. Here one pointer, not __restrict__, is read and then written.
+constexpr int kApplyBlocksPerSM = 8;  // 8 × 256 threads: a full SM
+
 template <int V>
-__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p, int64_t items, int64_t tiles,
+                                                                 const unsigned* guard) {
+    if (guard != nullptr && *guard != 1u) return;  // "auto" chose the moments
     using VT = typename Vec<V>::T;
-    const int64_t plane = blockIdx.x;
-    const int c = static_cast<int>(plane % p.C);
-    const float m = p.mab[c], a = p.mab[p.C + c], b = p.mab[2 * p.C + c];
-    if (plane == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
+    if (blockIdx.x == 0 && threadIdx.x == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
     const int64_t items_per_plane = p.HW / V;
-    VT* y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
-    const int64_t base = static_cast<int64_t>(blockIdx.y) * kThreads * kUnroll + threadIdx.x;
-    VT v[kUnroll];
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+        const int64_t plane = item / tiles;
+        const int c = static_cast<int>(plane % p.C);
+        const float m = p.mab[c], a = p.mab[p.C + c], b = p.mab[2 * p.C + c];
+        VT* y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
+        const int64_t base = (item % tiles) * kThreads * kUnroll + threadIdx.x;
+        VT v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {  // all loads first (kUnroll in flight), then the stores
-        const int64_t i = base + u * kThreads;
-        if (i < items_per_plane) v[u] = y[i];
-    }
+        for (int u = 0; u < kUnroll; ++u) {  // all loads first (kUnroll in flight), then the stores
+            const int64_t i = base + u * kThreads;
+            if (i < items_per_plane) v[u] = y[i];
+        }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-        const int64_t i = base + u * kThreads;
-        if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t i = base + u * kThreads;
+            if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+        }
     }
 }
 
-cudaError_t launch_apply_inplace(const Params& p, cudaStream_t stream) {
+// guard: null, or run only when *guard == 1 ("auto" chose the in-place path).
+cudaError_t launch_apply_inplace(const Params& p, const unsigned* guard, cudaStream_t stream) {
     dim3 grid;
     if (!apply_grid(p, &grid)) return cudaErrorInvalidValue;
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    const int64_t tiles = grid.y, items = static_cast<int64_t>(grid.x) * grid.y;
+    const int64_t cap = static_cast<int64_t>(sms > 0 ? sms : 1) * kApplyBlocksPerSM;
+    const unsigned blocks = static_cast<unsigned>(items < cap ? items : cap);
     if (use_vec4(p))
-        apply_inplace_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+        apply_inplace_kernel<4><<<blocks, kThreads, 0, stream>>>(p, items, tiles, guard);
     else
-        apply_inplace_kernel<1><<<grid, kThreads, 0, stream>>>(p);
+        apply_inplace_kernel<1><<<blocks, kThreads, 0, stream>>>(p, items, tiles, guard);
     return cudaGetLastError();
 }
 
@@ -562,63 +585,61 @@ void cbs_config(int* out) {
     out[5] = KB_CBS_ASYNC; out[6] = cbs::smem_bytes<false>(); out[7] = cbs::smem_bytes<true>();
 }
 
-// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
-cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, cudaStream_t stream) {
+namespace cbs {
+
+// Eval mode: y = conv(x, w) + b; with a guard, only when *guard == 0 ("auto" chose the moments).
+cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
+                 int C_out, const unsigned* guard, cudaStream_t stream) {
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles == 0) return cudaSuccess;
     if (tiles > INT_MAX) return cudaErrorInvalidValue;
-    cbs::Shape s = cbs::make_shape(N, C_in, H, W, C_out, y);
+    Shape s = make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(tiles);
     int blocks = 0;
-    const cudaError_t err = C_in <= cbs::CI_CHUNK ? cbs::resident_blocks<false, true>(s.groups, &blocks)
-                                                  : cbs::resident_blocks<false, false>(s.groups, &blocks);
+    const cudaError_t err = C_in <= CI_CHUNK ? resident_blocks<false, true>(s.groups, &blocks)
+                                             : resident_blocks<false, false>(s.groups, &blocks);
     if (err != cudaSuccess) return err;
-    const cbs::Stats none{};
-    return cbs::launch<false>(x, w, b, y, s, none, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
+    Stats st{};
+    st.guard = guard;
+    st.run_if = 0u;
+    return launch<false>(x, w, b, y, s, st, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
 }
 
-// Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
-// kernel, which also counts the batch). Workspaces: partial [C_out · slots] Welford states (slots from
-// cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
-cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                             const float* beta, float* running_mean, float* running_var,
-                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
-                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, cudaStream_t stream) {
+// The in-place strategy's checks, done before anything is launched (never update the stats and then fail).
+bool inplace_ok(int64_t N, int H, int W, int C_out, int64_t slots, float* y) {
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
-    if (tiles == 0) return cudaSuccess;
-    if (tiles > INT_MAX || slots <= 0 || slots % cbs::WROWS != 0 || slots / cbs::WROWS > tiles)
-        return cudaErrorInvalidValue;
-    cbs::Shape s = cbs::make_shape(N, C_in, H, W, C_out, y);
-    s.n_tiles = static_cast<int>(tiles);
+    if (tiles > INT_MAX || slots <= 0 || slots % WROWS != 0 || slots / WROWS > tiles) return false;
+    Params p{};
+    p.x = y; p.y = y; p.N = N; p.C = C_out; p.HW = static_cast<int64_t>(H - K3 + 1) * (W - K3 + 1);
+    dim3 grid;
+    return apply_grid(p, &grid);
+}
+
+// The in-place strategy; with a guard, only when *guard == 1 ("auto" chose it).
+cudaError_t train_inplace(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                          const float* beta, float* running_mean, float* running_var,
+                          int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
+                          unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
+                          float eps, float scale, const unsigned* guard, cudaStream_t stream) {
+    Shape s = make_shape(N, C_in, H, W, C_out, y);
+    s.n_tiles = static_cast<int>(cbs_tiles(N, H, W, C_out));
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
     // The in-place apply's parameters (bn_train's Params and grid, x == y).
-    Params p{y, y, gamma, beta, running_mean, running_var, num_batches_tracked, nullptr, nullptr, mab,
-             nullptr, nullptr, N, C_out, HW, 0, momentum, eps, scale};
-    dim3 apply;  // validate the apply grid before the first launch: never update the stats and then fail
-    if (!apply_grid(p, &apply)) return cudaErrorInvalidValue;
-    const cbs::Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
-                        running_var, num_batches_tracked, momentum, eps, scale};
-    cudaError_t err = cbs::launch<true>(x, w, b, y, s, st, static_cast<int>(slots / cbs::WROWS), stream);
+    Params p{};
+    p.x = y; p.y = y; p.weight = gamma; p.bias = beta; p.running_mean = running_mean;
+    p.running_var = running_var; p.num_batches_tracked = num_batches_tracked; p.mab = mab;
+    p.N = N; p.C = C_out; p.HW = HW; p.momentum = momentum; p.eps = eps; p.scale = scale;
+    Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
+             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
+    cudaError_t err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
     if (err != cudaSuccess) return err;
-    return cbs::launch_apply_inplace(p, stream);
+    return launch_apply_inplace(p, guard, stream);
 }
 
-// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles).
-int cbs_moments_max_channels() { return cbm::CI_MAX; }
-int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
-
-// Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
-// weights w_fold (C_out·C_in·9) and b_fold (C_out) from three kernels, then the eval convolution on them.
-// acc: cbs_moments_workspace() doubles of workspace (its sums zeroed here).
-cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                                     const float* beta, float* running_mean, float* running_var,
-                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
-                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, cudaStream_t stream) {
+// The moments' statistics and fold (conv_moments.cuh): four kernels, no convolution. acc: the workspace.
+cudaError_t moments_fold(const float* x, double* acc, const cbm::Finalize& f, int64_t N, int C_in, int H, int W,
+                         cudaStream_t stream) {
     using namespace cbm;
-    if (C_in < 1 || C_in > CI_MAX || H < K3 || W < K3 || N < 1 || N > INT_MAX) return cudaErrorInvalidValue;
     static int resident[64][2] = {};  // per device: {rows per tile, main-kernel blocks} (static: see resident_blocks)
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -655,11 +676,101 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
     else
         moments_main_kernel<8><<<grid, THREADS, smem_bytes<8>(), stream>>>(x, s, acc);
     moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), E_THREADS, 0, stream>>>(x, s, acc);
-    const Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold, C_out,
-                     momentum, eps, scale};
     moments_cov_kernel<<<C_in * K3 * K3, 128, 0, stream>>>(s, acc, f);
-    moments_fold_kernel<<<C_out, F_THREADS, 0, stream>>>(x, s, acc, f);
-    err = cudaGetLastError();
+    moments_fold_kernel<<<f.C_out, F_THREADS, 0, stream>>>(x, s, acc, f);
+    return cudaGetLastError();
+}
+
+bool moments_ok(int64_t N, int C_in, int H, int W) {
+    return C_in >= 1 && C_in <= cbm::CI_MAX && H >= K3 && W >= K3 && N >= 1 && N <= INT_MAX;
+}
+
+}  // namespace cbs
+
+// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
+cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
+                            int W, int C_out, cudaStream_t stream) {
+    return cbs::eval(x, w, b, y, N, C_in, H, W, C_out, nullptr, stream);
+}
+
+// Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
+// kernel, which also counts the batch). Workspaces: partial [C_out · slots] Welford states (slots from
+// cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
+cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                             const float* beta, float* running_mean, float* running_var,
+                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
+                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
+                             float eps, float scale, cudaStream_t stream) {
+    if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
+    if (!cbs::inplace_ok(N, H, W, C_out, slots, y)) return cudaErrorInvalidValue;
+    return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab, partial,
+                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, stream);
+}
+
+// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles), and the
+// guard's threshold on κ (u·κ > GUARD_TOL sends "auto" to the in-place path).
+int cbs_moments_max_channels() { return cbm::CI_MAX; }
+int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
+int64_t cbs_guard_offset() { return cbm::GUARD_OFFSET; }
+double cbs_guard_kappa_max() { return cbm::GUARD_TOL / cbm::U32; }
+
+// Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
+// weights w_fold (C_out·C_in·9) and b_fold (C_out) from four kernels, then the eval convolution on them.
+// acc: cbs_moments_workspace() doubles of workspace (its sums zeroed here).
+cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                     const float* beta, float* running_mean, float* running_var,
+                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
+                                     float scale, cudaStream_t stream) {
+    if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
+    const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
+                          nullptr, nullptr, C_out, momentum, eps, scale};
+    const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
     if (err != cudaSuccess) return err;
-    return launch_cbs_eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, stream);
+    return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, stream);
+}
+
+// "auto" (C_in ≤ 8): the moments' statistics and fold with the guard, then both strategies' launches, each
+// gated by the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. Workspaces: those of
+// both strategies (the in-place path's arrivals counter lives in acc, zeroed by the cov kernel), and staged
+// [2·C_out] floats when the running statistics are tracked.
+cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                  const float* beta, float* running_mean, float* running_var,
+                                  int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                  float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
+                                  int H, int W, int C_out, float momentum, float eps, float scale,
+                                  cudaStream_t stream) {
+    if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
+    if (!cbs::moments_ok(N, C_in, H, W) || !cbs::inplace_ok(N, H, W, C_out, slots, y) ||
+        (running_mean != nullptr && staged == nullptr))
+        return cudaErrorInvalidValue;
+    // excerpt: auto
+    unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
+    const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
+                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
+    cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
+    if (err != cudaSuccess) return err;
+    if (running_mean) {
+        cbm::moments_commit_kernel<<<1, cbm::C_THREADS, 0, stream>>>(f);  // flag 0: the staged statistics
+        err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, stream);  // flag 0
+    if (err != cudaSuccess) return err;
+    return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
+                              partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,
+                              stream);  // flag 1
+    // end excerpt: auto
+}
+
+// The guard alone, for inspection: the moments' statistics with the guard on x and w (nothing else written but
+// the workspaces); the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
+                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
+                                   cudaStream_t stream) {
+    if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
+    unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);
+    const cbm::Finalize f{w, b, nullptr, nullptr, nullptr, nullptr, nullptr, w_fold, b_fold, guard, nullptr,
+                          C_out, -1.f, 0.f, 1.f};
+    return cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
 }

@@ -24,6 +24,13 @@
 // lanes), and the tiles' sums in double. What this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is
 // nearly orthogonal to the input's variation (a difference filter on smooth inputs); then the in-place
 // strategy, which reduces the output itself, is the safe one.
+//
+// The guard (strategy "auto"): the relative error of var_c grows as u·κ_c, κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c
+// (κ_c ≥ 1; large when w_c cancels against the input's correlations). The fold kernel already holds Σ and w_c,
+// so it computes κ_c too, and when u·κ_c > GUARD_TOL for any channel it sets a flag in device memory. The
+// launches that follow read the flag and each exits at once unless it selects it: either the running
+// statistics staged by the fold are committed and the folded convolution writes the output (moments), or the
+// in-place strategy runs. No host synchronisation; the running statistics are updated by exactly one path.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,6 +48,8 @@ constexpr int COMBOS = CI_MAX * NJ * D1 * ND;  // 1,080 (i, j, d1, d2)
 constexpr int SLOTS = 25;                      // per combo: image total, 4 border rows, 4 border columns, 4×4 corners
 constexpr int ACC_DOUBLES = COMBOS * SLOTS;    // 27,000 doubles (216 KB) of workspace
 constexpr int KMAX = CI_MAX * K3 * K3;         // 72 patch values
+constexpr double U32 = 5.9604644775390625e-8;  // u = 2^-24, the unit roundoff of float32
+constexpr double GUARD_TOL = 1e-5;             // "auto" takes the in-place path when u·κ_c > GUARD_TOL
 
 // Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, group of JG partner channels
 // j) is half a warp, each lane a strip of STRIP columns; 16 items = 256 threads. A lane walks the partner rows ρ
@@ -137,6 +146,7 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
 #pragma unroll
                 for (int d = 0; d < ND; ++d) a[l][j][d] = 0.f;
         float a1 = 0.f;  // Σ x_i (first moments), by the items of the first partner group
+        // excerpt: lags
         if (active) {
             const int rows = min(BAND, s.H - r0);  // rows of x_i this tile owns
             float xi[D1][STRIP];                   // x_i rows ρ, ρ−1, ρ−2 (zero outside the owned rows)
@@ -175,6 +185,7 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
                 }
             }
         }
+        // end excerpt: lags
         // Sum over the 16 lanes of each item (xor offsets < 16 stay inside the half-warp; every lane takes part).
 #pragma unroll
         for (int l = 0; l < D1; ++l)
@@ -341,24 +352,27 @@ struct Finalize {
     int64_t* num_batches_tracked;
     float* w_fold;         // out: (C_out, C, 3, 3)
     float* b_fold;         // out: (C_out)
+    unsigned* guard;       // "auto": [0] set to 1 when some u·κ_c > GUARD_TOL; null: no guard
+    float* staged;         // "auto": [2·C_out] new running mean, var (moments_commit_kernel); null: in place
     int C_out;
     float momentum;        // < 0: None (cumulative average)
     float eps, scale;
 };
 
-// Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX) and the running-average
-// weight (1).
+// Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX), the running-average
+// weight (1), and the guard's two counters (one double: the flag, then the in-place path's block arrivals).
 constexpr int COV_OFFSET = ACC_DOUBLES;
 constexpr int MEAN_OFFSET = COV_OFFSET + KMAX * KMAX;
 constexpr int FACTOR_OFFSET = MEAN_OFFSET + KMAX;
-constexpr int WORKSPACE_DOUBLES = FACTOR_OFFSET + 1;
+constexpr int GUARD_OFFSET = FACTOR_OFFSET + 1;
+constexpr int WORKSPACE_DOUBLES = GUARD_OFFSET + 1;
 
 __device__ __forceinline__ double patch_mean(const double* __restrict__ acc, int u, double M) {
     return window_sum(acc, combo(u / 9, CI_MAX, 0, 2), u % 9 / 3, u % 3) / M;
 }
 
 // Block u (of K = C·9): row u of the patch covariance, and the patch mean; block 0 also the running-average
-// weight, read before num_batches_tracked is counted (by the fold kernel, later in the stream).
+// weight, read before num_batches_tracked is counted (later in the stream), and zeroes the guard's counters.
 __global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __restrict__ ws, Finalize f) {
     const int K = s.C * K3 * K3, u = blockIdx.x;
     const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
@@ -377,6 +391,7 @@ __global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __re
             double m = f.momentum;
             if (m < 0.0 && f.num_batches_tracked) m = 1.0 / static_cast<double>(*f.num_batches_tracked + 1);
             ws[FACTOR_OFFSET] = m;
+            if (f.guard) { f.guard[0] = 0u; f.guard[1] = 0u; }
         }
     }
 }
@@ -389,29 +404,42 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
                                                                  const double* __restrict__ ws, Finalize f) {
     __shared__ double cov[KMAX * KMAX];  // 41,472 B: staged with independent loads, not read in a dependent chain
     __shared__ double wc[KMAX];
-    __shared__ double red[2][F_THREADS / 32];
+    __shared__ double red[3][F_THREADS / 32];
     const int K = s.C * K3 * K3, c = blockIdx.x;
     const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
     for (int v = threadIdx.x; v < K; v += F_THREADS) wc[v] = f.w[static_cast<int64_t>(c) * K + v];
     for (int e = threadIdx.x; e < K * K; e += F_THREADS) cov[e] = ws[COV_OFFSET + e];
     __syncthreads();
-    double var = 0.0, mu = 0.0;
+    // excerpt: guard
+    double var = 0.0, mu = 0.0, absq = 0.0;  // w_cᵀΣw_c, the mean, |w_c|ᵀ|Σ||w_c|
     for (int v = threadIdx.x; v < K; v += F_THREADS) {  // thread v: w_v · Σ_u w_u Σ[u, v]
-        double part = 0.0;
-        for (int u = 0; u < K; ++u) part = fma(wc[u], cov[u * K + v], part);
+        double part = 0.0, apart = 0.0;
+        for (int u = 0; u < K; ++u) {
+            part = fma(wc[u], cov[u * K + v], part);
+            apart = fma(fabs(wc[u]), fabs(cov[u * K + v]), apart);
+        }
         var = fma(wc[v], part, var);
+        absq = fma(fabs(wc[v]), apart, absq);
         mu = fma(wc[v], ws[MEAN_OFFSET + v] + pivot(x, s, v / 9), mu);  // E[x] = E[x − pivot] + pivot
     }
     for (int o = 16; o > 0; o >>= 1) {
         var += __shfl_xor_sync(0xffffffffu, var, o);
         mu += __shfl_xor_sync(0xffffffffu, mu, o);
+        absq += __shfl_xor_sync(0xffffffffu, absq, o);
     }
-    if (threadIdx.x % 32 == 0) { red[0][threadIdx.x / 32] = var; red[1][threadIdx.x / 32] = mu; }
+    if (threadIdx.x % 32 == 0) {
+        red[0][threadIdx.x / 32] = var;
+        red[1][threadIdx.x / 32] = mu;
+        red[2][threadIdx.x / 32] = absq;
+    }
     __syncthreads();
-    var = 0.0; mu = 0.0;
+    var = 0.0; mu = 0.0; absq = 0.0;
 #pragma unroll
-    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; }
+    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; absq += red[2][k]; }
     var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
+    // u·κ_c > GUARD_TOL without dividing (var may be 0): any such channel sends this call to the in-place path.
+    if (f.guard && threadIdx.x == 0 && U32 * absq > GUARD_TOL * var) atomicOr(f.guard, 1u);
+    // end excerpt: guard
     const double bias = f.bias ? f.bias[c] : 0.0;
     mu += bias;
     const double g = f.gamma ? f.gamma[c] : 1.0, bt = f.beta ? f.beta[c] : 0.0;
@@ -422,11 +450,31 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
         f.b_fold[c] = static_cast<float>((bias - mu) * a + bt * f.scale);
         if (f.running_mean) {
             const double m = ws[FACTOR_OFFSET];
-            f.running_mean[c] = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
-            f.running_var[c] = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
-            if (c == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;  // the weight was read before
+            const float rm = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
+            const float rv = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
+            if (f.staged) {  // "auto": committed by moments_commit_kernel only if the guard stays 0
+                f.staged[c] = rm;
+                f.staged[f.C_out + c] = rv;
+            } else {
+                f.running_mean[c] = rm;
+                f.running_var[c] = rv;
+                if (c == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;  // the weight was read before
+            }
         }
     }
+}
+
+// "auto", after the fold: when the guard chose the moments (flag 0), the staged running statistics become the
+// running statistics and the batch is counted; otherwise the in-place path updates them. One block.
+constexpr int C_THREADS = 256;
+
+__global__ void __launch_bounds__(C_THREADS) moments_commit_kernel(Finalize f) {
+    if (*f.guard != 0u) return;
+    for (int c = threadIdx.x; c < f.C_out; c += C_THREADS) {
+        f.running_mean[c] = f.staged[c];
+        f.running_var[c] = f.staged[f.C_out + c];
+    }
+    if (threadIdx.x == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;
 }
 
 }  // namespace cbm

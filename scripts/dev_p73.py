@@ -95,6 +95,7 @@ def main() -> int:
     import kernelbook as kb
     from kernelbook import check
 
+    torch.set_grad_enabled(False)  # the kernels are forward-only: their bindings refuse tensors that need grad
     g = kb.gpu()
     log(f"device: {g}  torch {torch.__version__}  kernelbook from {kb.__file__}")
     variants = [v for v in args.variants.split(",") if v]

@@ -61,11 +61,14 @@ Training mode (the benchmark's default): the batch mean and variance of each out
 quadratic form in the mean and covariance of the input's 3x3 patches, which small kernels compute from the input
 alone (pivot-shifted, merged in double); they update running_mean / running_var exactly like nn.BatchNorm2d and
 are folded, with the scale, into the convolution's weights; then one convolution (fp32 FFMA, no TF32) writes
-the output once. (C_in > 8 falls back to writing the convolution with Welford statistics in its epilogue and
-normalising in place.) Eval mode: BatchNorm and the scale are folded into the weights at every call (never
-stale) and the same convolution kernel runs alone.
-Specialised for kernel_size 3, stride 1, no padding, float32 NCHW; no autograd (the benchmark runs
-under torch.no_grad()).
+the output once. A guard on the GPU computes each channel's condition number kappa = |w|'|S||w| / w'Sw with
+the fold; where u*kappa > 1e-5 (a filter that cancels on correlated input) the call takes the safe path
+instead, with no host synchronisation: the convolution written with Welford statistics in its epilogue, then
+normalised in place (also the path for C_in > 8). Eval mode: BatchNorm and the scale are folded into the
+weights at every call (never stale) and the same convolution kernel runs alone.
+Specialised for kernel_size 3, stride 1, no padding, float32 NCHW. Forward only: with grad mode on and a
+tensor that needs grad, forward raises (the benchmark runs under torch.no_grad()). The statistics are summed
+with double atomics: results are not bitwise reproducible from run to run.
 """
 
 import hashlib
@@ -88,6 +91,9 @@ class ModelNew(nn.Module):
             raise ValueError(f"ModelNew: the fused kernel is specialised for 3x3 filters, got {{kernel_size}}")
 
     def forward(self, x):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *self.parameters())):
+            raise RuntimeError("ModelNew (conv_bn_scale) is forward-only, it has no backward: "
+                               "call it under torch.no_grad()")
         ext = _ext()
         conv, bn, s = self.conv, self.bn, float(self.scaling_factor)
         x = x.contiguous()

@@ -8,11 +8,14 @@ Training mode (the benchmark's default): the batch mean and variance of each out
 quadratic form in the mean and covariance of the input's 3x3 patches, which small kernels compute from the input
 alone (pivot-shifted, merged in double); they update running_mean / running_var exactly like nn.BatchNorm2d and
 are folded, with the scale, into the convolution's weights; then one convolution (fp32 FFMA, no TF32) writes
-the output once. (C_in > 8 falls back to writing the convolution with Welford statistics in its epilogue and
-normalising in place.) Eval mode: BatchNorm and the scale are folded into the weights at every call (never
-stale) and the same convolution kernel runs alone.
-Specialised for kernel_size 3, stride 1, no padding, float32 NCHW; no autograd (the benchmark runs
-under torch.no_grad()).
+the output once. A guard on the GPU computes each channel's condition number kappa = |w|'|S||w| / w'Sw with
+the fold; where u*kappa > 1e-5 (a filter that cancels on correlated input) the call takes the safe path
+instead, with no host synchronisation: the convolution written with Welford statistics in its epilogue, then
+normalised in place (also the path for C_in > 8). Eval mode: BatchNorm and the scale are folded into the
+weights at every call (never stale) and the same convolution kernel runs alone.
+Specialised for kernel_size 3, stride 1, no padding, float32 NCHW. Forward only: with grad mode on and a
+tensor that needs grad, forward raises (the benchmark runs under torch.no_grad()). The statistics are summed
+with double atomics: results are not bitwise reproducible from run to run.
 """
 
 import hashlib
@@ -72,10 +75,15 @@ CUDA_SRC = r'''
 //      block (0, 0) also counts the batch (num_batches_tracked += 1).
 // Eval mode is step 2 alone, with a and b computed per block from the running statistics.
 //
-// Memory traffic in training mode: 3 passes over the tensor (read, read, write) — the minimum for an
-// exact batch-norm whose statistics must be known before the first output is written.
+// Memory traffic in training mode: 3 passes over the tensor (read, read, write) — the minimum for a
+// batch-norm that is handed the tensor: its statistics must be known before the first output is
+// written. (Fused with the convolution that produces x, the statistics can also come from recomputing
+// the convolution or from the input's moments; chapter 6 does the latter.)
+//
+// The stats grid is sized by the occupancy API (bn_stats_resident_blocks): at most one wave.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 // ---- begin welford.cuh (inlined by scripts/make_solutions.py) ----
@@ -97,6 +105,7 @@ struct Welford {
     T n, mean, m2;
 };
 
+// excerpt: chan-merge
 // Merge b into a. Either side may be empty (n == 0); no division by zero happens.
 template <typename T>
 __host__ __device__ __forceinline__ void welford_merge(Welford<T>& a, const Welford<T>& b) {
@@ -109,6 +118,7 @@ __host__ __device__ __forceinline__ void welford_merge(Welford<T>& a, const Welf
     a.m2 += b.m2 + delta * delta * a.n * wb;
     a.n = n;
 }
+// end excerpt: chan-merge
 
 // The state of k values held in registers, by two passes over them (exact mean first, then M2).
 template <int K>
@@ -164,7 +174,8 @@ namespace {
 
 constexpr int kThreads = 256;   // 8 warps
 constexpr int kUnroll = 4;      // vector loads in flight per thread per loop trip
-constexpr int kBlocksPerSM = 8; // stats grid: about one full wave of 256-thread blocks
+// The stats grid is at most one wave: as many blocks as the GPU holds at once, as the occupancy API
+// reports for bn_stats_kernel's registers and shared memory (bn_stats_resident_blocks), never a guess.
 // A block's state counts its values in float: keep each block's share under 2^24 values.
 constexpr int64_t kMaxValuesPerBlock = int64_t{1} << 22;
 
@@ -218,6 +229,7 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
     const int64_t dn = kThreads / items_per_plane, dw = kThreads % items_per_plane;
     const VT* __restrict__ x = reinterpret_cast<const VT*>(p.x);
     kb::Welford<float> st{0.f, 0.f, 0.f};
+    // excerpt: stats_loop
     while (j < end) {
         float v[kUnroll * V];
         int k = 0;  // values loaded this trip
@@ -235,7 +247,9 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
         kb::welford_merge(st, kb::welford_of(v, k));
     }
     st = kb::welford_block_reduce(st, scratch);
+    // end excerpt: stats_loop
 
+    // excerpt: last_block
     if (threadIdx.x == 0) {
         p.partial[c * p.splits + s] = st;
         __threadfence();  // publish the state before announcing it
@@ -254,6 +268,7 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
     }
     tot = kb::welford_warp_reduce(tot);
     if (threadIdx.x != 0) return;
+    // end excerpt: last_block
 
     const double mean = tot.mean;
     const double var = tot.m2 / tot.n;                                   // biased: normalises this batch
@@ -298,10 +313,11 @@ __global__ void __launch_bounds__(kThreads) bn_apply_kernel(Params p) {
     const int64_t items_per_plane = p.HW / V;
     const VT* __restrict__ x = reinterpret_cast<const VT*>(p.x) + plane * items_per_plane;
     VT* __restrict__ y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
+    // excerpt: apply
     const int64_t base = static_cast<int64_t>(blockIdx.y) * kThreads * kUnroll + threadIdx.x;
     VT v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {  // all loads first (kUnroll in flight), then the stores
         const int64_t i = base + u * kThreads;
         if (i < items_per_plane) v[u] = x[i];
     }
@@ -310,12 +326,14 @@ __global__ void __launch_bounds__(kThreads) bn_apply_kernel(Params p) {
         const int64_t i = base + u * kThreads;
         if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
     }
+    // end excerpt: apply
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 // float4 path when every plane starts on a 16-byte boundary.
-bool use_vec4(const Params& p) { return p.HW % 4 == 0 && aligned16(p.x) && aligned16(p.y); }
+bool vec4_for(const float* x, const float* y, int64_t HW) { return HW % 4 == 0 && aligned16(x) && aligned16(y); }
+bool use_vec4(const Params& p) { return vec4_for(p.x, p.y, p.HW); }
 
 // The apply grid: one block per (plane, tile); planes in x (up to 2^31 − 1), tiles in y (up to 65535).
 bool apply_grid(const Params& p, dim3* grid) {
@@ -343,12 +361,53 @@ cudaError_t launch_apply(const Params& p, bool eval, cudaStream_t stream) {
 // The largest plane (H·W floats) the apply grid can cover: 65535 tiles of kThreads·kUnroll floats.
 int64_t bn_max_plane() { return int64_t{65535} * kThreads * kUnroll; }
 
-// Stats blocks per channel for an (N, C, HW) input: about one wave of blocks over the channels,
-// at least enough that no block's share exceeds kMaxValuesPerBlock, at most one per work item.
-int bn_train_splits(int64_t N, int64_t C, int64_t HW, int sm_count) {
+// The kernels' compile-time constants, for the chapter's diagrams and tables (never retyped there).
+void bn_train_config(int* threads, int* unroll, int64_t* max_values_per_block) {
+    *threads = kThreads;
+    *unroll = kUnroll;
+    *max_values_per_block = kMaxValuesPerBlock;
+}
+
+// Whether the kernels take the float4 path for these pointers and planes (else the scalar one).
+bool bn_train_vec4(const float* x, const float* y, int64_t HW) { return vec4_for(x, y, HW); }
+
+// Blocks of bn_stats_kernel the current device holds at once (SMs × resident blocks per SM), from
+// the occupancy API: the kernel's registers and shared memory decide. Asked once per device and path.
+cudaError_t bn_stats_resident_blocks(bool vec4, int* sm_count, int* blocks_per_sm) {
+    constexpr int kCachedDevices = 64;
+    static std::atomic<int> cache[kCachedDevices][2][2] = {};  // [device][vec4][sms, per SM]
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const bool cached = device < kCachedDevices && cache[device][vec4][1].load() > 0;
+    int sms = cached ? cache[device][vec4][0].load() : 0;
+    int per_sm = cached ? cache[device][vec4][1].load() : 0;
+    // excerpt: occupancy
+    if (!cached) {
+        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (err == cudaSuccess)
+            err = vec4 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bn_stats_kernel<4>, kThreads, 0)
+                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bn_stats_kernel<1>, kThreads, 0);
+        if (err != cudaSuccess) return err;
+        if (per_sm < 1) per_sm = 1;
+        if (device < kCachedDevices) {
+            cache[device][vec4][0].store(sms);
+            cache[device][vec4][1].store(per_sm);
+        }
+    }
+    *sm_count = sms;
+    *blocks_per_sm = per_sm;
+    return cudaSuccess;
+}
+
+// Stats blocks per channel for an (N, C, HW) input: one wave at most — the resident blocks shared
+// out over the channels, rounded down (a partial second wave would leave most SMs idle at its end) —
+// but at least enough that no block's share exceeds kMaxValuesPerBlock, at most one per work item.
+int bn_train_splits(int64_t N, int64_t C, int64_t HW, int resident_blocks) {
     if (C < 1 || N * HW < 1) return 1;
     const int64_t values = N * HW;
-    int64_t splits = (int64_t{sm_count} * kBlocksPerSM + C - 1) / C;
+    int64_t splits = int64_t{resident_blocks} / C;
+    if (splits < 1) splits = 1;
     const int64_t min_splits = (values + kMaxValuesPerBlock - 1) / kMaxValuesPerBlock;
     if (splits < min_splits) splits = min_splits;
     const int64_t items = HW % 4 == 0 ? values / 4 : values;
@@ -356,6 +415,7 @@ int bn_train_splits(int64_t N, int64_t C, int64_t HW, int sm_count) {
     if (splits > 65535) splits = 65535;
     return static_cast<int>(splits < 1 ? 1 : splits);
 }
+// end excerpt: occupancy
 
 // Floats of workspace for the stats blocks' partial states.
 int64_t bn_train_partial_floats(int64_t C, int splits) {
@@ -420,6 +480,13 @@ cudaError_t launch_bn_scale_eval(const float* x, float* y, const float* weight, 
 // lanes), and the tiles' sums in double. What this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is
 // nearly orthogonal to the input's variation (a difference filter on smooth inputs); then the in-place
 // strategy, which reduces the output itself, is the safe one.
+//
+// The guard (strategy "auto"): the relative error of var_c grows as u·κ_c, κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c
+// (κ_c ≥ 1; large when w_c cancels against the input's correlations). The fold kernel already holds Σ and w_c,
+// so it computes κ_c too, and when u·κ_c > GUARD_TOL for any channel it sets a flag in device memory. The
+// launches that follow read the flag and each exits at once unless it selects it: either the running
+// statistics staged by the fold are committed and the folded convolution writes the output (moments), or the
+// in-place strategy runs. No host synchronisation; the running statistics are updated by exactly one path.
 
 #include <cuda_runtime.h>
 
@@ -436,6 +503,8 @@ constexpr int COMBOS = CI_MAX * NJ * D1 * ND;  // 1,080 (i, j, d1, d2)
 constexpr int SLOTS = 25;                      // per combo: image total, 4 border rows, 4 border columns, 4×4 corners
 constexpr int ACC_DOUBLES = COMBOS * SLOTS;    // 27,000 doubles (216 KB) of workspace
 constexpr int KMAX = CI_MAX * K3 * K3;         // 72 patch values
+constexpr double U32 = 5.9604644775390625e-8;  // u = 2^-24, the unit roundoff of float32
+constexpr double GUARD_TOL = 1e-5;             // "auto" takes the in-place path when u·κ_c > GUARD_TOL
 
 // Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, group of JG partner channels
 // j) is half a warp, each lane a strip of STRIP columns; 16 items = 256 threads. A lane walks the partner rows ρ
@@ -532,6 +601,7 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
 #pragma unroll
                 for (int d = 0; d < ND; ++d) a[l][j][d] = 0.f;
         float a1 = 0.f;  // Σ x_i (first moments), by the items of the first partner group
+        // excerpt: lags
         if (active) {
             const int rows = min(BAND, s.H - r0);  // rows of x_i this tile owns
             float xi[D1][STRIP];                   // x_i rows ρ, ρ−1, ρ−2 (zero outside the owned rows)
@@ -570,6 +640,7 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
                 }
             }
         }
+        // end excerpt: lags
         // Sum over the 16 lanes of each item (xor offsets < 16 stay inside the half-warp; every lane takes part).
 #pragma unroll
         for (int l = 0; l < D1; ++l)
@@ -736,24 +807,27 @@ struct Finalize {
     int64_t* num_batches_tracked;
     float* w_fold;         // out: (C_out, C, 3, 3)
     float* b_fold;         // out: (C_out)
+    unsigned* guard;       // "auto": [0] set to 1 when some u·κ_c > GUARD_TOL; null: no guard
+    float* staged;         // "auto": [2·C_out] new running mean, var (moments_commit_kernel); null: in place
     int C_out;
     float momentum;        // < 0: None (cumulative average)
     float eps, scale;
 };
 
-// Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX) and the running-average
-// weight (1).
+// Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX), the running-average
+// weight (1), and the guard's two counters (one double: the flag, then the in-place path's block arrivals).
 constexpr int COV_OFFSET = ACC_DOUBLES;
 constexpr int MEAN_OFFSET = COV_OFFSET + KMAX * KMAX;
 constexpr int FACTOR_OFFSET = MEAN_OFFSET + KMAX;
-constexpr int WORKSPACE_DOUBLES = FACTOR_OFFSET + 1;
+constexpr int GUARD_OFFSET = FACTOR_OFFSET + 1;
+constexpr int WORKSPACE_DOUBLES = GUARD_OFFSET + 1;
 
 __device__ __forceinline__ double patch_mean(const double* __restrict__ acc, int u, double M) {
     return window_sum(acc, combo(u / 9, CI_MAX, 0, 2), u % 9 / 3, u % 3) / M;
 }
 
 // Block u (of K = C·9): row u of the patch covariance, and the patch mean; block 0 also the running-average
-// weight, read before num_batches_tracked is counted (by the fold kernel, later in the stream).
+// weight, read before num_batches_tracked is counted (later in the stream), and zeroes the guard's counters.
 __global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __restrict__ ws, Finalize f) {
     const int K = s.C * K3 * K3, u = blockIdx.x;
     const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
@@ -772,6 +846,7 @@ __global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __re
             double m = f.momentum;
             if (m < 0.0 && f.num_batches_tracked) m = 1.0 / static_cast<double>(*f.num_batches_tracked + 1);
             ws[FACTOR_OFFSET] = m;
+            if (f.guard) { f.guard[0] = 0u; f.guard[1] = 0u; }
         }
     }
 }
@@ -784,29 +859,42 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
                                                                  const double* __restrict__ ws, Finalize f) {
     __shared__ double cov[KMAX * KMAX];  // 41,472 B: staged with independent loads, not read in a dependent chain
     __shared__ double wc[KMAX];
-    __shared__ double red[2][F_THREADS / 32];
+    __shared__ double red[3][F_THREADS / 32];
     const int K = s.C * K3 * K3, c = blockIdx.x;
     const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
     for (int v = threadIdx.x; v < K; v += F_THREADS) wc[v] = f.w[static_cast<int64_t>(c) * K + v];
     for (int e = threadIdx.x; e < K * K; e += F_THREADS) cov[e] = ws[COV_OFFSET + e];
     __syncthreads();
-    double var = 0.0, mu = 0.0;
+    // excerpt: guard
+    double var = 0.0, mu = 0.0, absq = 0.0;  // w_cᵀΣw_c, the mean, |w_c|ᵀ|Σ||w_c|
     for (int v = threadIdx.x; v < K; v += F_THREADS) {  // thread v: w_v · Σ_u w_u Σ[u, v]
-        double part = 0.0;
-        for (int u = 0; u < K; ++u) part = fma(wc[u], cov[u * K + v], part);
+        double part = 0.0, apart = 0.0;
+        for (int u = 0; u < K; ++u) {
+            part = fma(wc[u], cov[u * K + v], part);
+            apart = fma(fabs(wc[u]), fabs(cov[u * K + v]), apart);
+        }
         var = fma(wc[v], part, var);
+        absq = fma(fabs(wc[v]), apart, absq);
         mu = fma(wc[v], ws[MEAN_OFFSET + v] + pivot(x, s, v / 9), mu);  // E[x] = E[x − pivot] + pivot
     }
     for (int o = 16; o > 0; o >>= 1) {
         var += __shfl_xor_sync(0xffffffffu, var, o);
         mu += __shfl_xor_sync(0xffffffffu, mu, o);
+        absq += __shfl_xor_sync(0xffffffffu, absq, o);
     }
-    if (threadIdx.x % 32 == 0) { red[0][threadIdx.x / 32] = var; red[1][threadIdx.x / 32] = mu; }
+    if (threadIdx.x % 32 == 0) {
+        red[0][threadIdx.x / 32] = var;
+        red[1][threadIdx.x / 32] = mu;
+        red[2][threadIdx.x / 32] = absq;
+    }
     __syncthreads();
-    var = 0.0; mu = 0.0;
+    var = 0.0; mu = 0.0; absq = 0.0;
 #pragma unroll
-    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; }
+    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; absq += red[2][k]; }
     var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
+    // u·κ_c > GUARD_TOL without dividing (var may be 0): any such channel sends this call to the in-place path.
+    if (f.guard && threadIdx.x == 0 && U32 * absq > GUARD_TOL * var) atomicOr(f.guard, 1u);
+    // end excerpt: guard
     const double bias = f.bias ? f.bias[c] : 0.0;
     mu += bias;
     const double g = f.gamma ? f.gamma[c] : 1.0, bt = f.beta ? f.beta[c] : 0.0;
@@ -817,11 +905,31 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
         f.b_fold[c] = static_cast<float>((bias - mu) * a + bt * f.scale);
         if (f.running_mean) {
             const double m = ws[FACTOR_OFFSET];
-            f.running_mean[c] = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
-            f.running_var[c] = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
-            if (c == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;  // the weight was read before
+            const float rm = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
+            const float rv = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
+            if (f.staged) {  // "auto": committed by moments_commit_kernel only if the guard stays 0
+                f.staged[c] = rm;
+                f.staged[f.C_out + c] = rv;
+            } else {
+                f.running_mean[c] = rm;
+                f.running_var[c] = rv;
+                if (c == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;  // the weight was read before
+            }
         }
     }
+}
+
+// "auto", after the fold: when the guard chose the moments (flag 0), the staged running statistics become the
+// running statistics and the batch is counted; otherwise the in-place path updates them. One block.
+constexpr int C_THREADS = 256;
+
+__global__ void __launch_bounds__(C_THREADS) moments_commit_kernel(Finalize f) {
+    if (*f.guard != 0u) return;
+    for (int c = threadIdx.x; c < f.C_out; c += C_THREADS) {
+        f.running_mean[c] = f.staged[c];
+        f.running_var[c] = f.staged[f.C_out + c];
+    }
+    if (threadIdx.x == 0 && f.num_batches_tracked) *f.num_batches_tracked += 1;
 }
 
 }  // namespace cbm
@@ -891,6 +999,8 @@ struct Stats {
     const int64_t* num_batches_tracked;  // read for momentum None; bn_train's apply kernel increments it
     float momentum;                // < 0: cumulative average (momentum None)
     float eps, scale;
+    const unsigned* guard;         // "auto": run only when *guard == run_if (conv_moments.cuh); null: always run
+    unsigned run_if;
 };
 
 struct Tile {
@@ -966,6 +1076,7 @@ __device__ __forceinline__ void stage_weights(float* w_s, const float* __restric
 }
 
 // acc[rr][c][j] += Σ over the staged channels of the 3×3 window (rows r0+rr …, columns 2·lane+64p …).
+// excerpt: compute
 __device__ __forceinline__ void compute(float (&acc)[RPT][CO_T][2 * PAIRS], const float* in, const float* w_s, int nci,
                                         int r0, int g, int lane) {
 #pragma unroll 1
@@ -1006,6 +1117,7 @@ __device__ __forceinline__ void compute(float (&acc)[RPT][CO_T][2 * PAIRS], cons
         }
     }
 }
+// end excerpt: compute
 
 // One thread's running statistics: a Welford state per channel, all with the same count n (a register).
 // The (mean, M2) pairs live in shared memory, [channel][thread] as float2 (consecutive threads, consecutive
@@ -1110,6 +1222,9 @@ template <bool kStats, bool kPipe>
 __global__ void __launch_bounds__(THREADS, KB_CBS_MIN_BLOCKS)
 conv3x3_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                float* __restrict__ y, Shape s, Stats st) {
+    // "auto": the fold kernel's flag picks one path; the other path's launches end here (block-uniform, before
+    // any barrier or store).
+    if (st.guard != nullptr && *st.guard != st.run_if) return;
     extern __shared__ __align__(16) float smem[];
     float* w_s = smem + 2 * IN_BUF;
 
@@ -1280,41 +1395,57 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
     return cudaGetLastError();
 }
 
-// y ← (y − m[c])·a[c] + b[c] in place, over plane (n, c) = blockIdx.x, tile blockIdx.y of bn_train's apply grid,
-// and the batch counted (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
+// y ← (y − m[c])·a[c] + b[c] in place over bn_train's apply work items, (plane (n, c), tile) = item / tiles,
+// item % tiles, walked by a grid of at most kApplyBlocksPerSM blocks per SM (so that a launch the guard
+// turns away costs a few hundred empty blocks, not one per item), and the batch counted
+// (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
 // bn_train's bn_apply_kernel with x == y would be undefined behaviour: it reads through a const __restrict__
 // pointer, which nvcc compiles to ld.global.nc (the data must be read-only for the kernel's whole lifetime)
 // while the same kernel writes it. Here one pointer, not __restrict__, is read and then written.
+constexpr int kApplyBlocksPerSM = 8;  // 8 × 256 threads: a full SM
+
 template <int V>
-__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p, int64_t items, int64_t tiles,
+                                                                 const unsigned* guard) {
+    if (guard != nullptr && *guard != 1u) return;  // "auto" chose the moments
     using VT = typename Vec<V>::T;
-    const int64_t plane = blockIdx.x;
-    const int c = static_cast<int>(plane % p.C);
-    const float m = p.mab[c], a = p.mab[p.C + c], b = p.mab[2 * p.C + c];
-    if (plane == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
+    if (blockIdx.x == 0 && threadIdx.x == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
     const int64_t items_per_plane = p.HW / V;
-    VT* y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
-    const int64_t base = static_cast<int64_t>(blockIdx.y) * kThreads * kUnroll + threadIdx.x;
-    VT v[kUnroll];
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+        const int64_t plane = item / tiles;
+        const int c = static_cast<int>(plane % p.C);
+        const float m = p.mab[c], a = p.mab[p.C + c], b = p.mab[2 * p.C + c];
+        VT* y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
+        const int64_t base = (item % tiles) * kThreads * kUnroll + threadIdx.x;
+        VT v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {  // all loads first (kUnroll in flight), then the stores
-        const int64_t i = base + u * kThreads;
-        if (i < items_per_plane) v[u] = y[i];
-    }
+        for (int u = 0; u < kUnroll; ++u) {  // all loads first (kUnroll in flight), then the stores
+            const int64_t i = base + u * kThreads;
+            if (i < items_per_plane) v[u] = y[i];
+        }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-        const int64_t i = base + u * kThreads;
-        if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t i = base + u * kThreads;
+            if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+        }
     }
 }
 
-cudaError_t launch_apply_inplace(const Params& p, cudaStream_t stream) {
+// guard: null, or run only when *guard == 1 ("auto" chose the in-place path).
+cudaError_t launch_apply_inplace(const Params& p, const unsigned* guard, cudaStream_t stream) {
     dim3 grid;
     if (!apply_grid(p, &grid)) return cudaErrorInvalidValue;
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    const int64_t tiles = grid.y, items = static_cast<int64_t>(grid.x) * grid.y;
+    const int64_t cap = static_cast<int64_t>(sms > 0 ? sms : 1) * kApplyBlocksPerSM;
+    const unsigned blocks = static_cast<unsigned>(items < cap ? items : cap);
     if (use_vec4(p))
-        apply_inplace_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+        apply_inplace_kernel<4><<<blocks, kThreads, 0, stream>>>(p, items, tiles, guard);
     else
-        apply_inplace_kernel<1><<<grid, kThreads, 0, stream>>>(p);
+        apply_inplace_kernel<1><<<blocks, kThreads, 0, stream>>>(p, items, tiles, guard);
     return cudaGetLastError();
 }
 
@@ -1355,63 +1486,61 @@ void cbs_config(int* out) {
     out[5] = KB_CBS_ASYNC; out[6] = cbs::smem_bytes<false>(); out[7] = cbs::smem_bytes<true>();
 }
 
-// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
-cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, cudaStream_t stream) {
+namespace cbs {
+
+// Eval mode: y = conv(x, w) + b; with a guard, only when *guard == 0 ("auto" chose the moments).
+cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
+                 int C_out, const unsigned* guard, cudaStream_t stream) {
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles == 0) return cudaSuccess;
     if (tiles > INT_MAX) return cudaErrorInvalidValue;
-    cbs::Shape s = cbs::make_shape(N, C_in, H, W, C_out, y);
+    Shape s = make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(tiles);
     int blocks = 0;
-    const cudaError_t err = C_in <= cbs::CI_CHUNK ? cbs::resident_blocks<false, true>(s.groups, &blocks)
-                                                  : cbs::resident_blocks<false, false>(s.groups, &blocks);
+    const cudaError_t err = C_in <= CI_CHUNK ? resident_blocks<false, true>(s.groups, &blocks)
+                                             : resident_blocks<false, false>(s.groups, &blocks);
     if (err != cudaSuccess) return err;
-    const cbs::Stats none{};
-    return cbs::launch<false>(x, w, b, y, s, none, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
+    Stats st{};
+    st.guard = guard;
+    st.run_if = 0u;
+    return launch<false>(x, w, b, y, s, st, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
 }
 
-// Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
-// kernel, which also counts the batch). Workspaces: partial [C_out · slots] Welford states (slots from
-// cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
-cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                             const float* beta, float* running_mean, float* running_var,
-                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
-                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, cudaStream_t stream) {
+// The in-place strategy's checks, done before anything is launched (never update the stats and then fail).
+bool inplace_ok(int64_t N, int H, int W, int C_out, int64_t slots, float* y) {
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
-    if (tiles == 0) return cudaSuccess;
-    if (tiles > INT_MAX || slots <= 0 || slots % cbs::WROWS != 0 || slots / cbs::WROWS > tiles)
-        return cudaErrorInvalidValue;
-    cbs::Shape s = cbs::make_shape(N, C_in, H, W, C_out, y);
-    s.n_tiles = static_cast<int>(tiles);
+    if (tiles > INT_MAX || slots <= 0 || slots % WROWS != 0 || slots / WROWS > tiles) return false;
+    Params p{};
+    p.x = y; p.y = y; p.N = N; p.C = C_out; p.HW = static_cast<int64_t>(H - K3 + 1) * (W - K3 + 1);
+    dim3 grid;
+    return apply_grid(p, &grid);
+}
+
+// The in-place strategy; with a guard, only when *guard == 1 ("auto" chose it).
+cudaError_t train_inplace(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                          const float* beta, float* running_mean, float* running_var,
+                          int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
+                          unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
+                          float eps, float scale, const unsigned* guard, cudaStream_t stream) {
+    Shape s = make_shape(N, C_in, H, W, C_out, y);
+    s.n_tiles = static_cast<int>(cbs_tiles(N, H, W, C_out));
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
     // The in-place apply's parameters (bn_train's Params and grid, x == y).
-    Params p{y, y, gamma, beta, running_mean, running_var, num_batches_tracked, nullptr, nullptr, mab,
-             nullptr, nullptr, N, C_out, HW, 0, momentum, eps, scale};
-    dim3 apply;  // validate the apply grid before the first launch: never update the stats and then fail
-    if (!apply_grid(p, &apply)) return cudaErrorInvalidValue;
-    const cbs::Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
-                        running_var, num_batches_tracked, momentum, eps, scale};
-    cudaError_t err = cbs::launch<true>(x, w, b, y, s, st, static_cast<int>(slots / cbs::WROWS), stream);
+    Params p{};
+    p.x = y; p.y = y; p.weight = gamma; p.bias = beta; p.running_mean = running_mean;
+    p.running_var = running_var; p.num_batches_tracked = num_batches_tracked; p.mab = mab;
+    p.N = N; p.C = C_out; p.HW = HW; p.momentum = momentum; p.eps = eps; p.scale = scale;
+    Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
+             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
+    cudaError_t err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
     if (err != cudaSuccess) return err;
-    return cbs::launch_apply_inplace(p, stream);
+    return launch_apply_inplace(p, guard, stream);
 }
 
-// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles).
-int cbs_moments_max_channels() { return cbm::CI_MAX; }
-int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
-
-// Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
-// weights w_fold (C_out·C_in·9) and b_fold (C_out) from three kernels, then the eval convolution on them.
-// acc: cbs_moments_workspace() doubles of workspace (its sums zeroed here).
-cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                                     const float* beta, float* running_mean, float* running_var,
-                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
-                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, cudaStream_t stream) {
+// The moments' statistics and fold (conv_moments.cuh): four kernels, no convolution. acc: the workspace.
+cudaError_t moments_fold(const float* x, double* acc, const cbm::Finalize& f, int64_t N, int C_in, int H, int W,
+                         cudaStream_t stream) {
     using namespace cbm;
-    if (C_in < 1 || C_in > CI_MAX || H < K3 || W < K3 || N < 1 || N > INT_MAX) return cudaErrorInvalidValue;
     static int resident[64][2] = {};  // per device: {rows per tile, main-kernel blocks} (static: see resident_blocks)
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -1448,13 +1577,103 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
     else
         moments_main_kernel<8><<<grid, THREADS, smem_bytes<8>(), stream>>>(x, s, acc);
     moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), E_THREADS, 0, stream>>>(x, s, acc);
-    const Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold, C_out,
-                     momentum, eps, scale};
     moments_cov_kernel<<<C_in * K3 * K3, 128, 0, stream>>>(s, acc, f);
-    moments_fold_kernel<<<C_out, F_THREADS, 0, stream>>>(x, s, acc, f);
-    err = cudaGetLastError();
+    moments_fold_kernel<<<f.C_out, F_THREADS, 0, stream>>>(x, s, acc, f);
+    return cudaGetLastError();
+}
+
+bool moments_ok(int64_t N, int C_in, int H, int W) {
+    return C_in >= 1 && C_in <= cbm::CI_MAX && H >= K3 && W >= K3 && N >= 1 && N <= INT_MAX;
+}
+
+}  // namespace cbs
+
+// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
+cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
+                            int W, int C_out, cudaStream_t stream) {
+    return cbs::eval(x, w, b, y, N, C_in, H, W, C_out, nullptr, stream);
+}
+
+// Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
+// kernel, which also counts the batch). Workspaces: partial [C_out · slots] Welford states (slots from
+// cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
+cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                             const float* beta, float* running_mean, float* running_var,
+                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
+                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
+                             float eps, float scale, cudaStream_t stream) {
+    if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
+    if (!cbs::inplace_ok(N, H, W, C_out, slots, y)) return cudaErrorInvalidValue;
+    return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab, partial,
+                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, stream);
+}
+
+// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles), and the
+// guard's threshold on κ (u·κ > GUARD_TOL sends "auto" to the in-place path).
+int cbs_moments_max_channels() { return cbm::CI_MAX; }
+int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
+int64_t cbs_guard_offset() { return cbm::GUARD_OFFSET; }
+double cbs_guard_kappa_max() { return cbm::GUARD_TOL / cbm::U32; }
+
+// Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
+// weights w_fold (C_out·C_in·9) and b_fold (C_out) from four kernels, then the eval convolution on them.
+// acc: cbs_moments_workspace() doubles of workspace (its sums zeroed here).
+cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                     const float* beta, float* running_mean, float* running_var,
+                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
+                                     float scale, cudaStream_t stream) {
+    if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
+    const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
+                          nullptr, nullptr, C_out, momentum, eps, scale};
+    const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
     if (err != cudaSuccess) return err;
-    return launch_cbs_eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, stream);
+    return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, stream);
+}
+
+// "auto" (C_in ≤ 8): the moments' statistics and fold with the guard, then both strategies' launches, each
+// gated by the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. Workspaces: those of
+// both strategies (the in-place path's arrivals counter lives in acc, zeroed by the cov kernel), and staged
+// [2·C_out] floats when the running statistics are tracked.
+cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                  const float* beta, float* running_mean, float* running_var,
+                                  int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                  float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
+                                  int H, int W, int C_out, float momentum, float eps, float scale,
+                                  cudaStream_t stream) {
+    if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
+    if (!cbs::moments_ok(N, C_in, H, W) || !cbs::inplace_ok(N, H, W, C_out, slots, y) ||
+        (running_mean != nullptr && staged == nullptr))
+        return cudaErrorInvalidValue;
+    // excerpt: auto
+    unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
+    const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
+                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
+    cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
+    if (err != cudaSuccess) return err;
+    if (running_mean) {
+        cbm::moments_commit_kernel<<<1, cbm::C_THREADS, 0, stream>>>(f);  // flag 0: the staged statistics
+        err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, stream);  // flag 0
+    if (err != cudaSuccess) return err;
+    return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
+                              partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,
+                              stream);  // flag 1
+    // end excerpt: auto
+}
+
+// The guard alone, for inspection: the moments' statistics with the guard on x and w (nothing else written but
+// the workspaces); the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
+                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
+                                   cudaStream_t stream) {
+    if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
+    unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);
+    const cbm::Finalize f{w, b, nullptr, nullptr, nullptr, nullptr, nullptr, w_fold, b_fold, guard, nullptr,
+                          C_out, -1.f, 0.f, 1.f};
+    return cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
 }
 '''
 
@@ -1464,8 +1683,10 @@ CPP_SRC = r'''
 // conv_bn_scale_train follows nn.BatchNorm2d in training mode: it normalises with the batch statistics and
 // updates running_mean / running_var / num_batches_tracked in place (momentum None: cumulative average).
 // strategy "moments" takes the statistics from the input's moments and writes the output once (C_in ≤ 8);
-// "inplace" writes the conv output with its statistics, then normalises it in place; "auto" picks moments
-// where it applies.
+// "inplace" writes the conv output with its statistics, then normalises it in place; "auto" (C_in ≤ 8) computes
+// the moments and their condition number κ per channel, and the GPU takes the in-place path for this call
+// when u·κ would exceed the guard's tolerance (conv_moments.cuh), without a host synchronisation; for
+// C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
 #include <torch/extension.h>
@@ -1542,6 +1763,11 @@ inline void check_tensor(const torch::Tensor& t, const char* op, const char* nam
     KB_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides()),
                 " for sizes ", shape_str(t.sizes()), " (call .contiguous() first)");
     KB_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+    // The book's kernels are forward-only: an output computed from a tensor that autograd tracks would come
+    // back silently detached from the graph, and a later backward would skip this op without a word.
+    KB_CHECK(!(t.requires_grad() && at::GradMode::is_enabled()), op, ": ", name,
+             " requires grad, but this kernel is forward-only (it has no backward); call it under "
+             "torch.no_grad() or pass ", name, ".detach()");
 }
 
 inline void check_shape(const torch::Tensor& t, c10::IntArrayRef expected, const char* op, const char* name) {
@@ -1584,6 +1810,17 @@ cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_
 void cbs_config(int* out);
 int cbs_moments_max_channels();
 int64_t cbs_moments_workspace();
+int64_t cbs_guard_offset();
+double cbs_guard_kappa_max();
+cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                  const float* beta, float* running_mean, float* running_var,
+                                  int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                  float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
+                                  int H, int W, int C_out, float momentum, float eps, float scale,
+                                  cudaStream_t stream);
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
+                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
+                                   cudaStream_t stream);
 cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
@@ -1600,9 +1837,9 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
 
 namespace {
 
-// Validates x (N, C_in, H, W), weight (C_out, C_in, 3, 3), bias (C_out or None) and out; returns the output.
-torch::Tensor checked_output(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
-                             const std::optional<torch::Tensor>& bias, const std::optional<torch::Tensor>& out) {
+// Validates x (N, C_in, H, W), weight (C_out, C_in, 3, 3) and bias (C_out or None); returns the output's shape.
+std::vector<int64_t> checked_shape(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
+                                   const std::optional<torch::Tensor>& bias) {
     KB_CHECK(x.dim() == 4, op, ": x must be 4-D (N, C_in, H, W), got ", x.dim(), "-D shape ",
              kb::shape_str(x.sizes()));
     KB_CHECK(weight.dim() == 4, op, ": weight must be 4-D (C_out, C_in, 3, 3), got ", weight.dim(), "-D shape ",
@@ -1628,7 +1865,13 @@ torch::Tensor checked_output(const char* op, const torch::Tensor& x, const torch
     const int64_t tiles = cbs_tiles(x.size(0), static_cast<int>(h), static_cast<int>(w), static_cast<int>(c_out));
     KB_CHECK(tiles <= INT_MAX, op, ": the output splits into ", tiles, " tiles, more than the kernel's 2^31 - 1; ",
              "split the batch");
-    const std::vector<int64_t> shape = {x.size(0), c_out, h - k + 1, w - k + 1};
+    return {x.size(0), c_out, h - k + 1, w - k + 1};
+}
+
+// checked_shape, and out (if given) checked; returns the output.
+torch::Tensor checked_output(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
+                             const std::optional<torch::Tensor>& bias, const std::optional<torch::Tensor>& out) {
+    const std::vector<int64_t> shape = checked_shape(op, x, weight, bias);
     if (!out) return torch::empty(shape, x.options());
     kb::check_tensor(*out, op, "out");
     kb::check_shape(*out, shape, op, "out");
@@ -1719,7 +1962,31 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     const auto fopts = x.options();
     const int c_in = static_cast<int>(x.size(1));
-    if (strategy == "moments" || (strategy == "auto" && c_in <= cbs_moments_max_channels())) {
+    if (strategy == "auto" && c_in <= cbs_moments_max_channels()) {
+        int64_t slots = 0;
+        kb::check_cuda(cbs_train_slots(N, c_in, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                                       static_cast<int>(C), &slots),
+                       op, "sizing the grid");
+        torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
+        torch::Tensor w_fold = torch::empty_like(conv_w);
+        torch::Tensor b_fold = torch::empty({C}, fopts);
+        torch::Tensor staged = torch::empty({2, C}, fopts);           // the moments' new running statistics
+        torch::Tensor mab = torch::empty({3, C}, fopts);              // the in-place path's per-channel map
+        torch::Tensor partial = torch::empty({C * slots * 3}, fopts);  // its Welford states
+        kb::check_launch(
+            launch_cbs_train_auto(
+                x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b), y.data_ptr<float>(),
+                ptr_or_null(bn_w), ptr_or_null(bn_b), tracking ? running_mean->data_ptr<float>() : nullptr,
+                tracking ? running_var->data_ptr<float>() : nullptr,
+                tracking ? num_batches_tracked->data_ptr<int64_t>() : nullptr, acc.data_ptr<double>(),
+                w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), staged.data_ptr<float>(),
+                mab.data_ptr<float>(), partial.data_ptr(), slots, N, c_in, static_cast<int>(x.size(2)),
+                static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
+                static_cast<float>(eps), static_cast<float>(scale), stream),
+            op);
+        return y;
+    }
+    if (strategy == "moments") {
         torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
         torch::Tensor w_fold = torch::empty_like(conv_w);
         torch::Tensor b_fold = torch::empty({C}, fopts);
@@ -1755,6 +2022,30 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     return y;
 }
 
+// Which path strategy="auto" takes for x and conv_w: "moments" or "inplace" (the guard on the GPU, then one
+// host synchronisation to read its flag: for inspection and tests; the training call itself never waits).
+std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tensor& conv_w,
+                                      const std::optional<torch::Tensor>& conv_b) {
+    constexpr const char* op = "conv_bn_scale_auto_choice";
+    const std::vector<int64_t> shape = checked_shape(op, x, conv_w, conv_b);
+    if (x.size(1) > cbs_moments_max_channels()) return "inplace";
+    KB_CHECK(shape[0] >= 1, op, ": x holds no samples");
+    const c10::cuda::CUDAGuard guard(x.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    const auto fopts = x.options();
+    torch::Tensor acc = torch::empty({cbs_moments_workspace()}, fopts.dtype(torch::kFloat64));
+    torch::Tensor w_fold = torch::empty_like(conv_w);
+    torch::Tensor b_fold = torch::empty({shape[1]}, fopts);
+    kb::check_launch(launch_cbs_guard_probe(x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b),
+                                            acc.data_ptr<double>(), w_fold.data_ptr<float>(),
+                                            b_fold.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
+                                            static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                                            static_cast<int>(shape[1]), stream),
+                     op);
+    const int flag = acc.slice(0, cbs_guard_offset(), cbs_guard_offset() + 1).view(torch::kInt32)[0].item<int>();
+    return flag != 0 ? "inplace" : "moments";
+}
+
 // The compile-time configuration: rows per thread, channels per thread, channel groups, warp rows, minimum
 // blocks per SM, cp.async staging, dynamic shared memory bytes (eval, train).
 std::vector<int64_t> conv_bn_scale_config() {
@@ -1774,6 +2065,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("conv_bn_scale_eval", &conv_bn_scale_eval,
           "conv2d(x, folded_w, folded_b), 3x3, stride 1, no padding: eval-mode P73 with BN and the scale folded in",
           arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none());
+    m.def("conv_bn_scale_auto_choice", &conv_bn_scale_auto_choice,
+          "The path strategy='auto' takes for this batch and filter: 'moments', or 'inplace' when u*kappa of some "
+          "output channel exceeds the guard's tolerance (synchronises: for inspection)",
+          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none());
+    m.def("guard_kappa_max", &cbs_guard_kappa_max,
+          "The guard's threshold: strategy='auto' takes the in-place path when kappa of some channel exceeds it");
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");
 }
@@ -1810,6 +2107,9 @@ class ModelNew(nn.Module):
             raise ValueError(f"ModelNew: the fused kernel is specialised for 3x3 filters, got {kernel_size}")
 
     def forward(self, x):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *self.parameters())):
+            raise RuntimeError("ModelNew (conv_bn_scale) is forward-only, it has no backward: "
+                               "call it under torch.no_grad()")
         ext = _ext()
         conv, bn, s = self.conv, self.bn, float(self.scaling_factor)
         x = x.contiguous()

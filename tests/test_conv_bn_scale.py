@@ -23,6 +23,14 @@ from kernelbook.paths import ROOT
 SCALE = 2.0
 
 
+@pytest.fixture(autouse=True)
+def _forward_only():
+    """The kernels are forward-only: the bindings refuse tensors that autograd tracks, so every call here
+    runs under no_grad (test_backward_is_refused_by_name checks the refusal itself)."""
+    with torch.no_grad():
+        yield
+
+
 @pytest.fixture(scope="module")
 def cbs():
     return kb.build.load("conv_bn_scale", arch=None if kb.gpu() else "90")
@@ -100,7 +108,7 @@ def test_train_matches_float64_over_three_steps(cbs, shape, momentum, strategy):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("strategy", ["moments", "inplace"])
+@pytest.mark.parametrize("strategy", ["moments", "inplace", "auto"])
 def test_p73_train_and_eval_within_1e_5(cbs, strategy):
     """The benchmark's shapes and initialisation: relative error ≤ 1e-5 (the capstone's target)."""
     prob = kb.problems.P73_CONV_BN_SCALE
@@ -121,6 +129,80 @@ def test_p73_train_and_eval_within_1e_5(cbs, strategy):
     w, b = kb.folding.fold(model.conv, model.bn, SCALE, dtype=torch.float64)
     with torch.no_grad():
         check.assert_close(cbs.conv_bn_scale_eval(x, w, b), ref(x.double()), 1e-5, what="P73 eval output")
+
+
+def smooth_input(delta, seed, n=4, c=3, h=34, w=34, offset=0.0, device="cuda"):
+    """A slowly varying field per (image, channel) plus uniform noise of amplitude delta, in float32."""
+    g = torch.Generator().manual_seed(seed)
+    r, s = torch.arange(h, dtype=torch.float64)[:, None], torch.arange(w, dtype=torch.float64)[None, :]
+    phase = torch.rand(n, c, 1, 1, generator=g, dtype=torch.float64) * 2 * torch.pi
+    field = offset + 0.4 * torch.sin(0.01 * r + 0.007 * s + phase)
+    noise = delta * (torch.rand(n, c, h, w, generator=g, dtype=torch.float64) - 0.5)
+    return (field + noise).float().to(device)
+
+
+def ill_conditioned_modules():
+    """Channel 0 a horizontal difference filter (κ ≈ 5e4 on smooth_input(1e-4)), channel 1 a random filter;
+    momentum 1, so the running statistics are this batch's own (their error is the statistics' error)."""
+    conv, bn = nn.Conv2d(3, 2, 3), nn.BatchNorm2d(2, momentum=1.0)
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.weight[0, 0, 1, 1], conv.weight[0, 0, 1, 2] = 0.375, -0.375
+        conv.weight[1] = check.rand((3, 3, 3), seed=1, low=-0.5, high=0.5)
+        conv.bias.fill_(0.1)
+    ours = nn.ModuleDict({"conv": conv, "bn": bn}).cuda()
+    return copy.deepcopy(ours).double(), ours
+
+
+def channel_rel_err(out, ref):
+    """The largest per-channel relative error of a per-channel vector."""
+    return float(((out.double() - ref) / ref).abs().max())
+
+
+@pytest.mark.gpu
+def test_auto_guard_takes_the_inplace_path_on_ill_conditioned_data(cbs):
+    x = smooth_input(1e-4, seed=0)
+    ref, ours = ill_conditioned_modules()
+    assert cbs.conv_bn_scale_auto_choice(x, ours["conv"].weight, ours["conv"].bias) == "inplace"
+    with torch.no_grad():
+        y_ref = ref["bn"](ref["conv"](x.double())) * SCALE
+    _, moments = ill_conditioned_modules()
+    run_train(cbs, moments, x, 1.0, strategy="moments")  # what the guard avoids: a visibly wrong variance
+    assert channel_rel_err(moments["bn"].running_var, ref["bn"].running_var) > 1e-4
+    y = run_train(cbs, ours, x, 1.0, strategy="auto")
+    check.assert_close(y, y_ref, 1e-5, what="auto, ill-conditioned output")
+    assert channel_rel_err(ours["bn"].running_mean, ref["bn"].running_mean) <= 1e-5
+    assert channel_rel_err(ours["bn"].running_var, ref["bn"].running_var) <= 1e-5
+    assert int(ours["bn"].num_batches_tracked) == 1  # counted once: by the in-place path only
+
+
+@pytest.mark.gpu
+def test_auto_guard_takes_the_moments_on_p73(cbs):
+    prob = kb.problems.P73_CONV_BN_SCALE
+    model = prob.model(seed=0).cuda()
+    x = prob.inputs(seed=1, device="cuda")
+    with torch.no_grad():
+        assert cbs.conv_bn_scale_auto_choice(x, model.conv.weight, model.conv.bias) == "moments"
+
+
+@pytest.mark.gpu
+def test_backward_is_refused_by_name(cbs):
+    """Forward-only: with grad mode on, a tensor that needs grad is refused, naming the op (never a tensor
+    silently detached from the graph)."""
+    _, ours = _modules(3, 5, 0.1, seed=2)
+    x = torch.rand(2, 3, 6, 7, device="cuda")
+    with torch.enable_grad():
+        with pytest.raises(RuntimeError, match="conv_bn_scale_train: weight requires grad"):
+            run_train(cbs, ours, x, 0.1)
+        with pytest.raises(RuntimeError, match="conv_bn_scale_eval: weight requires grad"):
+            cbs.conv_bn_scale_eval(x, ours["conv"].weight, None)
+
+
+@pytest.mark.compile
+def test_guard_threshold_and_probe_checks(cbs):
+    assert cbs.guard_kappa_max() == pytest.approx(1e-5 * 2.0**24)
+    with pytest.raises(RuntimeError, match="conv_bn_scale_auto_choice: x must be a CUDA tensor"):
+        cbs.conv_bn_scale_auto_choice(torch.ones(1, 3, 6, 6), torch.ones(5, 3, 3, 3), None)
 
 
 @pytest.mark.gpu
