@@ -159,6 +159,18 @@ def conv_bn_scale() -> None:
         mod.conv_bn_scale_eval(x, c.weight, c.bias, out)
         check.assert_close(out, F.conv2d(x.double(), c.weight.double(), c.bias.double()), 1e-5,
                            what=f"cbs eval {shape}")
+    # strategy="auto" on data where the moments would cancel (a difference filter on a smooth field): the
+    # guard must pick the in-place path on the GPU, and both paths' kernels launch (one of them exits at once).
+    r, s = torch.arange(18.0, device="cuda")[:, None], torch.arange(20.0, device="cuda")[None, :]
+    x = (0.4 * torch.sin(0.01 * r + 0.007 * s) + 1e-4 * check.rand((2, 3, 18, 20), seed=5, device="cuda"))
+    conv, bn = nn.Conv2d(3, 2, 3).cuda(), nn.BatchNorm2d(2, momentum=1.0).cuda()
+    conv.weight.zero_()
+    conv.weight[0, 0, 1, 1], conv.weight[0, 0, 1, 2] = 0.375, -0.375
+    assert mod.conv_bn_scale_auto_choice(x, conv.weight, conv.bias) == "inplace"
+    r64 = nn.ModuleDict({"conv": copy.deepcopy(conv), "bn": copy.deepcopy(bn)}).double()
+    out = mod.conv_bn_scale_train(x, conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                                  bn.num_batches_tracked, 1.0, bn.eps, 2.0, strategy="auto")
+    check.assert_close(out, r64["bn"](r64["conv"](x.double())) * 2.0, 1e-4, what="cbs auto, ill-conditioned")
 
 
 
@@ -205,6 +217,7 @@ WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folde
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)
+    torch.set_grad_enabled(False)  # the kernels are forward-only: they refuse tensors autograd tracks
     for name in names:
         WORKLOADS[name]()
         torch.cuda.synchronize()
