@@ -7,7 +7,9 @@
 
 #include <climits>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 
 #include "torch_checks.h"
 
@@ -17,6 +19,7 @@ cudaError_t launch_conv2d_simple(const float* x, const float* w, const float* b,
 cudaError_t launch_conv2d_tiled(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in,
                                 int H, int W, int C_out, cudaStream_t stream);
 int conv2d_tiled_kernel_size();
+int conv2d_tiled_config(const char* const** names, const int** values);
 int64_t conv2d_tiled_tiles(int64_t N, int H, int W, int C_out);
 
 namespace {
@@ -95,6 +98,16 @@ torch::Tensor conv2d_folded(const torch::Tensor& x, const torch::Tensor& weight,
     return y;
 }
 
+// The tiled kernel's compile-time shape (CO_T, ROWS, GROUPS, MIN_BLOCKS, …) as a dict.
+std::map<std::string, int> config() {
+    const char* const* names = nullptr;
+    const int* values = nullptr;
+    const int n = conv2d_tiled_config(&names, &values);
+    std::map<std::string, int> out;
+    for (int i = 0; i < n; ++i) out[names[i]] = values[i];
+    return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     using pybind11::arg;
     m.def("conv2d_simple", &conv2d_simple,
@@ -103,4 +116,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("conv2d_folded", &conv2d_folded,
           "y = conv2d(x, weight, bias), stride 1, no padding, NCHW float32: register-blocked and tiled, 3x3 only",
           arg("x"), arg("weight"), arg("bias"), arg("out") = pybind11::none());
+    m.def("config", &config, "the tiled kernel's compile-time constants: tile shape, threads, min. blocks");
 }

@@ -23,6 +23,7 @@ __global__ void conv2d_simple_kernel(const float* __restrict__ x, const float* _
                                      const float* __restrict__ b, float* __restrict__ y, int C_in, int H, int W,
                                      int C_out, int K, int64_t total) {
     const int HO = H - K + 1, WO = W - K + 1;
+// excerpt: simple
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
         const int ow = static_cast<int>(i % WO);
@@ -40,6 +41,7 @@ __global__ void conv2d_simple_kernel(const float* __restrict__ x, const float* _
         }
         y[i] = acc + b[co];
     }
+// end excerpt: simple
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -104,6 +106,7 @@ conv2d_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, co
     const bool weights_resident = s.C_in <= CI_CHUNK;
     int resident_co_block = -1;
 
+// excerpt: tile
     // Tile order: channel block slowest, so consecutive tiles of a block share their weights. The
     // launcher guarantees n_tiles + gridDim.x < 2^31 (32-bit tile arithmetic keeps registers for the FMAs).
     for (int tile = blockIdx.x; tile < s.n_tiles; tile += gridDim.x) {
@@ -125,6 +128,7 @@ conv2d_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, co
 #pragma unroll
             for (int j = 0; j < 2 * PAIRS; ++j) acc[c][j] = bias;
         }
+// end excerpt: tile
 
         for (int ci0 = 0; ci0 < s.C_in; ci0 += CI_CHUNK) {
             const int nci = min(CI_CHUNK, s.C_in - ci0);
@@ -152,6 +156,7 @@ conv2d_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, co
             }
             __syncthreads();
 
+// excerpt: inner
 #pragma unroll 1
             for (int c = 0; c < nci; ++c) {
 #pragma unroll
@@ -183,6 +188,7 @@ conv2d_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, co
                     }
                 }
             }
+// end excerpt: inner
             __syncthreads();  // before the next chunk or tile overwrites the staged input
         }
 
@@ -222,6 +228,20 @@ cudaError_t launch_conv2d_simple(const float* x, const float* w, const float* b,
     const unsigned grid = static_cast<unsigned>(blocks < (1 << 30) ? blocks : (1 << 30));  // grid-stride beyond
     conv2d_simple_kernel<<<grid, threads, 0, stream>>>(x, w, b, y, C_in, H, W, C_out, K, total);
     return cudaGetLastError();
+}
+
+// The tiled kernel's compile-time constants by name, for the binding's config(): the chapter reads
+// the tile shape from the built module instead of retyping it.
+int conv2d_tiled_config(const char* const** names, const int** values) {
+    static const char* const kNames[] = {"K", "CO_T", "ROWS", "GROUPS", "MIN_BLOCKS",
+                                         "PAIRS", "TILE_W", "CI_CHUNK", "THREADS"};
+    static const int kValues[] = {K3, CO_T, ROWS, MAX_GROUPS, KB_CONV_MIN_BLOCKS,
+                                  PAIRS, TILE_W, CI_CHUNK, THREADS};
+    static_assert(sizeof(kNames) / sizeof(kNames[0]) == sizeof(kValues) / sizeof(kValues[0]),
+                  "one name per constant");
+    *names = kNames;
+    *values = kValues;
+    return static_cast<int>(sizeof(kValues) / sizeof(kValues[0]));
 }
 
 // Limits the binding checks before calling (so they are reported as clear errors, not launch failures).

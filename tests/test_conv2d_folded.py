@@ -24,12 +24,7 @@ def conv():
 
 
 def _case(n, c_in, h, w, c_out, k=3, seed=0):
-    x = check.rand((n, c_in, h, w), seed=seed, device="cuda")
-    wt = check.rand((c_out, c_in, k, k), seed=seed + 1, device="cuda", low=-0.3, high=0.3)
-    b = check.rand((c_out,), seed=seed + 2, device="cuda", low=-1, high=1)
-    ref = F.conv2d(x.double(), wt.double(), b.double())
-    tol = check.dot_tol(c_in * k * k + 1, F.conv2d(x.double().abs(), wt.double().abs(), b.double().abs()), ref)
-    return x, wt, b, ref, tol
+    return kb.folding.conv_case((n, c_in, h, w, c_out), seed=seed, device="cuda", k=k)
 
 
 @pytest.mark.gpu
@@ -158,3 +153,74 @@ def test_fold_refuses_what_it_cannot_fold():
         kb.folding.fold(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(5))
     with pytest.raises(ValueError, match="stride 1, no padding"):
         kb.folding.FoldedConvBNScale(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), 2.0, conv_fn=F.conv2d)
+
+
+@pytest.mark.compile
+def test_config_reports_the_compiled_tile_shape(conv):
+    cfg = conv.config()
+    assert {"K", "CO_T", "ROWS", "GROUPS", "MIN_BLOCKS", "TILE_W", "THREADS"} <= set(cfg)
+    assert cfg["K"] == 3 and cfg["CO_T"] % 4 == 0
+    assert cfg["THREADS"] == 32 * cfg["ROWS"] * cfg["GROUPS"]
+
+
+@pytest.mark.parametrize("case", kb.folding.EDGE_CASES)
+def test_edge_cases_fold_within_the_bound(case):
+    torch.manual_seed(2)
+    model = nn.Module()
+    model.conv, model.bn = nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6)
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.3, 0.3)
+        model.bn.running_var.uniform_(0.01, 0.2)
+        model.bn.weight.uniform_(-2, 2)
+    model.eval()
+    m, s = kb.folding.perturbed(model, case, 2.0)
+    x = torch.rand(2, 3, 9, 9)
+    ref, tol = kb.folding.eval_reference(m, s, x)
+    with torch.no_grad():
+        check.assert_close(F.conv2d(x, *kb.folding.fold(m.conv, m.bn, s)), ref, tol, what=case)
+        check.assert_close(m.bn(m.conv(x)) * s, ref, tol, what=case)
+
+
+def test_pinned_sets_tf32_and_no_grad_per_call():
+    seen = []
+    fn = kb.folding.pinned(lambda: seen.append((kb.precision.state()["conv"],
+                                                torch.is_grad_enabled())), False)
+    with kb.precision.tf32(True):
+        fn()
+        assert kb.precision.state()["conv"]
+    assert seen == [(False, False)]
+
+
+def _cpu_stand_in(x, w, b, out=None):
+    """The binding's contract on the CPU (refuses what the real one refuses first), for the plumbing."""
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        raise RuntimeError("float32 contiguous input expected")
+    if torch.is_grad_enabled() and w.requires_grad:
+        raise RuntimeError("forward-only")
+    y = F.conv2d(x, w, b)
+    return y if out is None else out.copy_(y)
+
+
+def test_chapter_plumbing_runs_on_the_cpu(monkeypatch):
+    """The notebook's GPU path (checks, bad inputs, variants) on CPU tensors with a stand-in module,
+    so a typo there fails here rather than on the GPU."""
+    import types
+
+    mod = types.SimpleNamespace(conv2d_simple=_cpu_stand_in, conv2d_folded=_cpu_stand_in)
+    p73 = kb.problems.P73_CONV_BN_SCALE
+    small = types.SimpleNamespace(input_shape=(2, 8, 10, 12), init_args=p73.init_args,
+                                  inputs=lambda seed, device: torch.rand(2, 8, 10, 12, device=device))
+    model = kb.folding.demo_model(p73)
+    monkeypatch.setattr(kb.folding, "CHECK_SHAPES", kb.folding.CHECK_SHAPES[:2])
+    checks = kb.folding.gpu_checks(mod, model, 2.0, small, device="cpu")
+    assert len(checks) == 2 * 3 + 1 and all(c["passed"] for c in checks.values())
+    bad = kb.folding.bad_inputs(mod, device="cpu")
+    assert bad["weight that requires grad"] == "forward-only"
+    monkeypatch.setattr(kb.folding, "COMPILED", {})
+    variants, (x, _, _, y) = kb.folding.eval_variants(mod, model, 2.0, small, {"flop": 1}, device="cpu")
+    assert {"eager_eval", "cudnn_cl_fp32", "ours_fast", "ours_fold_at_call"} <= set(variants)
+    assert variants["ours_fast"].role == "headline" and y.shape == (2, 64, 8, 10)
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double()(x.double())
+    for name, v in variants.items():
+        check.assert_close(v.fn(), ref, 1e-5, what=name)
