@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -200,12 +200,18 @@ def bias_added_separately(kernel_names: Iterable[str]) -> bool:
 
 
 def kernel_math(kernel_names: Iterable[str]) -> str:
-    """The arithmetic a variant's profiled kernels used: 'tf32' if any name marks a tensor-core kernel
-    (tf32, hmma, s1688/s16816, gmma), else 'fp32' (FFMA kernels: cuDNN's ``…_ffma_…``, ``…sgemm…``)."""
+    """The arithmetic a variant's profiled kernels used: 'tf32' if ``kb.measure.math_from_kernels`` says so
+    or any name marks another tensor-core kernel (hmma, gmma, tensorop), else 'fp32' (FFMA kernels:
+    cuDNN's ``…_ffma_…``, ``…sgemm…``)."""
     import re
 
+    from .measure import math_from_kernels
+
+    names = list(kernel_names)
     tensor_core = re.compile(r"tf32|hmma|s1688|s16816|gmma|tensorop", re.IGNORECASE)
-    return "tf32" if any(tensor_core.search(k) for k in kernel_names) else "fp32"
+    if math_from_kernels(names) == "tf32" or any(tensor_core.search(k) for k in names):
+        return "tf32"
+    return "fp32"
 
 
 def p73_fused_eval(problem: Problem = P73_CONV_BN_SCALE) -> Counts:
@@ -235,7 +241,7 @@ P73_TRAIN_STRATEGIES = ("materialise", "recompute", "moments")
 
 
 def p73_fused_train(problem: Problem = P73_CONV_BN_SCALE, strategy: str = "materialise") -> Counts:
-    """Training mode, fused as far as the batch statistics allow (rationale 1).
+    """Training mode, fused as far as the batch statistics allow.
 
     ``materialise``: the conv writes its output and accumulates the statistics on the way, then an apply
     pass reads it back and writes y (in place). ``recompute``: a first conv pass only accumulates statistics, a
@@ -281,7 +287,7 @@ def p27_eager(problem: Problem = P27_CONV3D_GN_MEAN) -> dict[str, Counts]:
 
 
 def p27_fused(problem: Problem = P27_CONV3D_GN_MEAN) -> Counts:
-    """P27 in one kernel (rationale 6): conv3d, hardswish, and per-(sample, channel) sums and sums of
+    """P27 in one kernel: conv3d, hardswish, and per-(sample, channel) sums and sums of
     squares; the mean of GroupNorm follows from those sums, so the conv output never reaches DRAM."""
     p = p27_parts(problem)
     numel, (n, c) = math.prod(p["y"]), p["y"][:2]
@@ -326,10 +332,13 @@ def bound_ms(c: Counts, peak_flops: float, bandwidth: float) -> float:
 
 @dataclass(frozen=True)
 class Placed:
-    """A recorded variant's counts and the arithmetic it may use: 'fp32', or 'tf32' (tensor cores)."""
+    """A recorded variant's counts and the arithmetic it may use: 'fp32', or 'tf32' (tensor cores).
+    ``source``: where the counts come from — 'model' (this module's counts of the operation) or
+    'declared' (the counts the variant's chapter declared in its record)."""
 
     counts: Counts
     math: str = "fp32"
+    source: str = "model"
 
 
 def _method(rec: dict) -> dict[str, Placed]:
@@ -359,12 +368,10 @@ def _bn_modes(rec: dict) -> dict[str, Placed]:
 
 
 def _bn_folding(rec: dict) -> dict[str, Placed]:
-    """02_bn_folding: every variant computes eval-mode P73; eager and compile may run the conv in TF32
-    (cuDNN's default), the ``*_tf32`` variants do."""
+    """02_bn_folding: every variant computes eval-mode P73 (its arithmetic is read by ``placed``)."""
     c = p73_fused_eval()
-    maths = {"eager_eval": "tf32", "cudnn_folded_fp32": "fp32", "cudnn_folded_tf32": "tf32", "compile_eval": "tf32",
-             "ours_simple": "fp32", "ours_fast": "fp32"}
-    return {v: Placed(c, maths[v]) for v in rec.get("timings_ms", {}) if v in maths}
+    known = ("eager_eval", "cudnn_folded_fp32", "cudnn_folded_tf32", "compile_eval", "ours_simple", "ours_fast")
+    return {v: Placed(c) for v in rec.get("timings_ms", {}) if v in known}
 
 
 P73_MOMENTS_VARIANTS = ("ours_train", "solution_train")  # chapter 6's default training strategy: moments
@@ -372,21 +379,17 @@ P73_MOMENTS_VARIANTS = ("ours_train", "solution_train")  # chapter 6's default t
 
 def _capstone_p73(rec: dict) -> dict[str, Placed]:
     """06_capstone_conv_bn_scale: eval variants count as fused eval P73, the rest as training mode
-    (the benchmark's mode): from the input's moments for ours by default, in place otherwise; eager and
-    compile baselines may use TF32 unless named ``*_fp32``."""
+    (the benchmark's mode): from the input's moments for ours by default, in place otherwise."""
     out = {}
     for v in rec.get("timings_ms", {}):
         strategy = "moments" if v in P73_MOMENTS_VARIANTS else "materialise"
-        c = p73_fused_eval() if "eval" in v else p73_fused_train(strategy=strategy)
-        tf32 = (v.startswith(("eager", "compile")) and not v.endswith("_fp32")) or "tf32" in v
-        out[v] = Placed(c, "tf32" if tf32 else "fp32")
+        out[v] = Placed(p73_fused_eval() if "eval" in v else p73_fused_train(strategy=strategy))
     return out
 
 
 def _capstone_p27(rec: dict) -> dict[str, Placed]:
     """07_capstone_conv3d_groupnorm_mean: every variant computes P27."""
-    return {v: Placed(p27_fused(), "tf32" if v.startswith(("eager", "compile")) or "tf32" in v else "fp32")
-            for v in rec.get("timings_ms", {})}
+    return {v: Placed(p27_fused()) for v in rec.get("timings_ms", {})}
 
 
 def _coalescing(rec: dict) -> dict[str, Placed]:
@@ -418,15 +421,56 @@ def _variance(rec: dict) -> dict[str, Placed]:
     return {v: table[v] for v in rec.get("timings_ms", {}) if v in table}
 
 
-def _stored(rec: dict) -> dict[str, Placed]:
-    """A record that carries its own counts (``counts``: {variant: {flop, read, write, math}}); where the record
-    also profiled the variant's kernels, its math is read from their names (``kernel_math``), not the label."""
+def _profiled(rec: dict) -> dict[str, list[str]]:
+    """The kernel names each variant's profile shows (every list of profile rows in the record)."""
     ran: dict[str, list[str]] = {}
-    for k in rec.get("kernels", []):
-        ran.setdefault(k.get("variant", ""), []).append(k.get("kernel", ""))
-    return {v: Placed(Counts(int(c["flop"]), int(c["read"]), int(c["write"]), int(c.get("macs", 0))),
-                      kernel_math(ran[v]) if v in ran else c.get("math", "fp32"))
-            for v, c in rec.get("counts", {}).items() if v in rec.get("timings_ms", {})}
+    for key, rows in rec.items():
+        if key != "ncu" and isinstance(rows, list):
+            for k in rows:
+                if isinstance(k, dict) and "variant" in k and "kernel" in k:
+                    ran.setdefault(k["variant"], []).append(k["kernel"])
+    return ran
+
+
+def _declared_counts(rec: dict) -> dict[str, Counts]:
+    """Counts a record declares for its variants: ``variants[v]["counts"]`` (flop and bytes, with read and
+    write where given) or, in older records of this chapter, ``counts[v]`` (flop, read, write)."""
+    out = {}
+    for v, d in rec.get("variants", {}).items():
+        c = d.get("counts", {}) if isinstance(d, dict) else {}
+        if "flop" in c and ("bytes" in c or "read" in c):
+            read = c.get("read", c.get("bytes", 0) - c.get("write", 0))
+            out[v] = Counts(int(c["flop"]), int(read), int(c.get("write", 0)), int(c.get("macs", 0)))
+    for v, c in rec.get("counts", {}).items():
+        if not {"flop", "read", "write"} <= set(c):
+            continue
+        out[v] = Counts(int(c["flop"]), int(c["read"]), int(c["write"]), int(c.get("macs", 0)))
+    return out
+
+
+def variant_math(rec: dict, variant: str) -> str | None:
+    """The arithmetic a variant ran in, never guessed from its name: its declaration in the record
+    (``variants[v]["math"]``, read from its profile when it was recorded), else the names of the kernels its
+    profile shows, else an older record's stored label; None when the record says nothing."""
+    decl = rec.get("variants", {}).get(variant, {})
+    if isinstance(decl, dict) and decl.get("math"):
+        return decl["math"]
+    ran = _profiled(rec)
+    if variant in ran:
+        return kernel_math(ran[variant])
+    return rec.get("counts", {}).get(variant, {}).get("math")
+
+
+def variant_provider(rec: dict, variant: str) -> str:
+    """Who provides a variant: its declaration (``variants[v]["provider"]``), else the first word of its name
+    (eager, compile, cudnn) or 'torch' for PyTorch's own ops, else 'ours'."""
+    decl = rec.get("variants", {}).get(variant, {})
+    if isinstance(decl, dict) and decl.get("provider"):
+        return decl["provider"]
+    for p in ("eager", "compile", "cudnn", "cublas"):
+        if variant.startswith(p):
+            return p
+    return "torch" if "torch" in variant.split("_") or variant.startswith(("sgemm", "gemm")) else "ours"
 
 
 PLACERS: dict[str, Callable[[dict], dict[str, Placed]]] = {
@@ -441,13 +485,20 @@ PLACERS: dict[str, Callable[[dict], dict[str, Placed]]] = {
 
 
 def placed(rec: dict) -> dict[str, Placed]:
-    """The variants of one record whose counts are known (a record's own ``counts`` win)."""
+    """The variants of one record whose counts are known, each with the arithmetic it ran in.
+
+    Counts: this module's model of the operation where its chapter's placer knows the variant; else the
+    counts the record declares (``source`` 'declared'); an older record's own ``counts`` win. Arithmetic:
+    ``variant_math`` (declaration, else profiled kernel names), 'fp32' where the record says nothing."""
     try:
         out = PLACERS.get(rec.get("chapter", ""), lambda r: {})(rec)
     except (KeyError, TypeError, ValueError):  # a record of an older or newer shape: place what it stores itself
         out = {}
-    out.update(_stored(rec))
-    return out
+    timed = rec.get("timings_ms", {})
+    for v, c in _declared_counts(rec).items():
+        if v in timed and (v not in out or v in rec.get("counts", {})):
+            out[v] = Placed(c, source="model" if v in rec.get("counts", {}) else "declared")
+    return {v: Placed(p.counts, variant_math(rec, v) or "fp32", p.source) for v, p in out.items()}
 
 
 def recorded(paths: Iterable[Path] | None = None, gpu_slug: str = "h200", exclude: Sequence[str] = ()) -> list[dict]:
@@ -478,10 +529,12 @@ def points(records: Iterable[dict] | None = None):
         for v, pl in placed(rec).items():
             t = rec["timings_ms"][v]["median"]
             c = pl.counts
-            rows.append({"chapter": rec["chapter"], "variant": v, "math": pl.math, "FLOP": c.flop, "bytes": c.bytes,
+            rows.append({"chapter": rec["chapter"], "variant": v, "provider": variant_provider(rec, v),
+                         "math": pl.math, "counts": pl.source, "FLOP": c.flop, "bytes": c.bytes,
                          "FLOP/byte": c.intensity, "median_ms": t, "TFLOP/s": c.flop / (t * 1e-3) / 1e12,
                          "GB/s": c.bytes / (t * 1e-3) / 1e9})
-    cols = ["chapter", "variant", "math", "FLOP", "bytes", "FLOP/byte", "median_ms", "TFLOP/s", "GB/s"]
+    cols = ["chapter", "variant", "provider", "math", "counts", "FLOP", "bytes", "FLOP/byte", "median_ms",
+            "TFLOP/s", "GB/s"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -489,10 +542,11 @@ def with_bounds(df, peak: dict[str, float], bandwidth: float):
     """``points`` plus the roofline's lower bound per row (compute ceiling chosen by its ``math``) and
     measured / bound: 1.0 would be a kernel on the roof."""
     out = df.copy()
-    out["bound_ms"] = [1e3 * max(f / peak[m], b / bandwidth)
-                       for f, b, m in zip(out["FLOP"], out["bytes"], out["math"], strict=True)]
-    out["bound"] = ["compute" if f / peak[m] > b / bandwidth else "memory"
-                    for f, b, m in zip(out["FLOP"], out["bytes"], out["math"], strict=True)]
+    rates = [peak.get(m, peak["fp32"]) for m in out["math"]]  # an arithmetic without a rate: FP32's
+    out["bound_ms"] = [1e3 * max(f / p, b / bandwidth)
+                       for f, b, p in zip(out["FLOP"], out["bytes"], rates, strict=True)]
+    out["bound"] = ["compute" if f / p > b / bandwidth else "memory"
+                    for f, b, p in zip(out["FLOP"], out["bytes"], rates, strict=True)]
     out["measured / bound"] = out["median_ms"] / out["bound_ms"]
     return out
 
@@ -507,14 +561,20 @@ class Roof:
     dashed: bool = False
 
 
-def plot(df, roofs: Sequence[Roof], ax=None, title: str = ""):
+PROVIDER_COLOURS = {"ours": "#c0392b", "eager": "#7f8c8d", "compile": "#2e86c1", "cudnn": "#8e44ad",
+                    "cublas": "#d68910", "torch": "#17a589"}  # ours: kb.plots.OURS; eager: kb.plots.BASELINE
+MATH_MARKERS = {"fp32": "o", "tf32": "^", "3xtf32": "s", "fp64": "D"}
+
+
+def plot(df, roofs: Sequence[Roof], ax=None, title: str = "", labels: Mapping[tuple[str, str], str] | None = None):
     """Log-log roofline: every roof (measured solid, datasheet dashed), the ridge of the first one, and
-    every row of ``df`` with FLOP > 0 as a point (ours in the book's colour, baselines grey; one marker
-    per chapter)."""
+    every row of ``df`` with FLOP > 0 as a point, coloured by provider and shaped by the arithmetic it ran
+    in (a legend for each); only the points named in ``labels`` ({(chapter, variant): text}) are labelled."""
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.lines import Line2D
 
-    from .plots import CEILING, colour
+    from .plots import CEILING, OURS
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8.5, 5.5))
@@ -522,20 +582,17 @@ def plot(df, roofs: Sequence[Roof], ax=None, title: str = ""):
     lo = min([0.05, *(pts["FLOP/byte"] / 3)])
     hi = max([1e4, *(pts["FLOP/byte"] * 3)])
     x = np.logspace(np.log10(lo), np.log10(hi), 400)
-    labelled: list[float] = []
     for roof in roofs:
         ax.plot(x, np.minimum(roof.peak, roof.bandwidth * x) / 1e12, color=CEILING, lw=0.9 if roof.dashed else 1.3,
                 ls="--" if roof.dashed else "-", alpha=0.6 if roof.dashed else 0.9)
         text = f"{roof.label}: {roof.peak / 1e12:.1f} TFLOP/s"
-        if roof.dashed:  # datasheet roofs: labelled at their ridge, left of the measured ones' labels
+        if roof.dashed:  # datasheet roofs: labelled left of their ridge, clear of the measured ones
             ax.annotate(text, (ridge(roof.peak, roof.bandwidth), roof.peak / 1e12), xytext=(-4, 4),
                         textcoords="offset points", ha="right", fontsize=7, color=CEILING, alpha=0.8)
-            continue
-        crowded = any(max(roof.peak, p) / min(roof.peak, p) < 1.35 for p in labelled)  # label below the line
-        ax.annotate(text, (hi, roof.peak / 1e12), xytext=(-4, -10 if crowded else 3), textcoords="offset points",
-                    ha="right", fontsize=7, color=CEILING)
-        labelled.append(roof.peak)
-    for bw, dashed in {(r.bandwidth, r.dashed) for r in roofs}:
+        else:
+            ax.annotate(text, (hi, roof.peak / 1e12), xytext=(-4, -10), textcoords="offset points",
+                        ha="right", fontsize=7, color=CEILING)
+    for bw, dashed in sorted({(r.bandwidth, r.dashed) for r in roofs}):
         ax.annotate(f"{bw / 1e12:.2f} TB/s{' (datasheet)' if dashed else ''}", (lo, bw * lo / 1e12),
                     xytext=(6, 6 if dashed else -12), textcoords="offset points", fontsize=7, color=CEILING)
     first = roofs[0]
@@ -543,17 +600,409 @@ def plot(df, roofs: Sequence[Roof], ax=None, title: str = ""):
     ax.axvline(r, color=CEILING, lw=0.7, ls=":")
     ax.annotate(f"ridge {r:.1f} FLOP/B", (r, first.peak / 1e12), xytext=(4, -12), textcoords="offset points",
                 fontsize=7)
-    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
-    for (ch, grp), mk in zip(pts.groupby("chapter", sort=True), markers * 4, strict=False):
-        ax.scatter(grp["FLOP/byte"], grp["TFLOP/s"], c=[colour(v) for v in grp["variant"]], marker=mk, s=30,
-                   edgecolors="black", linewidths=0.4, label=ch, zorder=3)
-        for _, row in grp.iterrows():
-            ax.annotate(row["variant"], (row["FLOP/byte"], row["TFLOP/s"]), xytext=(4, -3), textcoords="offset points",
-                        fontsize=6)
+    for (prov, maths), grp in pts.groupby(["provider", "math"], sort=True):
+        ax.scatter(grp["FLOP/byte"], grp["TFLOP/s"], c=PROVIDER_COLOURS.get(prov, CEILING),
+                   marker=MATH_MARKERS.get(maths, "X"), s=34, edgecolors="black", linewidths=0.4, zorder=3,
+                   alpha=0.85)
+    chosen = []  # (x, y, text) of each labelled point that is on the plot
+    for (ch, v), text in (labels or {}).items():
+        row = pts[(pts["chapter"] == ch) & (pts["variant"] == v)]
+        if len(row):
+            chosen.append((row["FLOP/byte"].iloc[0], row["TFLOP/s"].iloc[0], text))
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.autoscale_view()
+    # Each labelled point gets a number just right of it, keyed in a legend: no text over the points.
+    # Numbers of points at about the same intensity are stacked in the order of the points' heights,
+    # at least 11 pt apart, so that no two leader lines cross.
+    placed_at: list[tuple[float, float]] = []  # (x, y) of each number, in display points
+    to_pt = 72 / ax.figure.dpi
+    order = sorted(range(len(chosen)), key=lambda i: -chosen[i][1])  # from the top down
+    dy = {}
+    for i in order:
+        px, py = (v * to_pt for v in ax.transData.transform((chosen[i][0], chosen[i][1])))
+        y = py + 5
+        for qx, qy in placed_at:
+            if abs(qx - px) < 30 and y > qy - 11:
+                y = qy - 11
+        placed_at.append((px, y))
+        dy[i] = y - py
+    for k, (x0, y0, _) in enumerate(chosen):
+        ax.annotate(f"{k + 1}", (x0, y0), xytext=(11, dy[k]), textcoords="offset points", ha="center",
+                    va="center", fontsize=8, fontweight="bold", color=OURS, zorder=5,
+                    bbox={"boxstyle": "circle,pad=0.15", "fc": "white", "ec": OURS, "lw": 0.6},
+                    arrowprops={"arrowstyle": "-", "lw": 0.6, "color": OURS, "shrinkA": 0, "shrinkB": 3})
+    by_provider = [Line2D([], [], ls="", marker="o", color=PROVIDER_COLOURS.get(p, CEILING), label=p)
+                   for p in sorted(set(pts["provider"]))]
+    by_math = [Line2D([], [], ls="", marker=MATH_MARKERS.get(m, "X"), color="white", markeredgecolor="black",
+                      label=m.upper()) for m in sorted(set(pts["math"]))]
+    leg = ax.legend(handles=by_provider, title="provider", fontsize=7, title_fontsize=7, loc="lower right")
+    ax.add_artist(leg)
+    leg = ax.legend(handles=by_math, title="arithmetic that ran", fontsize=7, title_fontsize=7, loc="upper left")
+    if chosen:
+        ax.add_artist(leg)
+        keyed = [Line2D([], [], ls="", marker=f"${k + 1}$", color=OURS, label=text)
+                 for k, (_, _, text) in enumerate(chosen)]
+        ax.legend(handles=keyed, title="numbered points", fontsize=7, title_fontsize=7, loc="lower right",
+                  bbox_to_anchor=(0.83, 0.0))
     ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte, from the counts)")
     ax.set_ylabel("TFLOP/s (counted FLOP / median time)")
-    ax.legend(title="chapter (red: ours, grey: baselines)", fontsize=7, title_fontsize=7, loc="lower right")
     ax.set_title(title)
     return ax
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chapter 3's helpers: an independent FLOP count, the FFMA kernel's closed form, a non-trivial eval P73
+
+
+def torch_flop_count(fn: Callable, *shapes: Sequence[int]) -> int:
+    """FLOP of ``fn`` on float32 tensors of ``shapes`` by PyTorch's own counter, on the meta device
+    (shapes only, nothing computed): an independent check of this module's counts."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        fn(*(torch.empty(s, device="meta") for s in shapes))
+    return fc.get_total_flops()
+
+
+def ffma_closed_form(n_threads: int, iters: int, m: float, c: float, chains: int):
+    """The FFMA kernel's output in float64: Σ_j a_j(iters) for a_j ← a_j·m + c·(j + 1) from a_j = (t mod 64) + j."""
+    import torch
+
+    t = torch.arange(n_threads, dtype=torch.float64)
+    out = torch.zeros_like(t)
+    for j in range(chains):
+        a0, cj = (t % 64) + j, c * (j + 1)
+        out += a0 + iters * cj if m == 1.0 else m**iters * a0 + cj * (1 - m**iters) / (1 - m)
+    return out
+
+
+def p73_eval_model(seed: int = 0, problem: Problem = P73_CONV_BN_SCALE):
+    """P73 in eval mode with non-trivial running statistics and affine parameters (seeded)."""
+    import torch
+
+    model = problem.model(seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    c = model.bn.num_features
+    with torch.no_grad():
+        model.bn.running_mean.copy_(torch.randn(c, generator=g) * 0.1)
+        model.bn.running_var.copy_(torch.rand(c, generator=g) + 0.5)
+        model.bn.weight.copy_(torch.rand(c, generator=g) + 0.5)
+        model.bn.bias.copy_(torch.randn(c, generator=g) * 0.1)
+    return model.eval()
+
+
+SUBPARTITIONS_PER_SM = 4  # warp schedulers per SM since Volta (sm_70 … sm_120): CUDA programming guide
+
+
+def warps_per_subpartition(threads_per_sm: int, warp_size: int = 32) -> float:
+    """Warps one SM sub-partition (one warp scheduler) can hold: threads per SM / warp size / 4."""
+    return threads_per_sm / warp_size / SUBPARTITIONS_PER_SM
+
+
+def chapter_operations() -> dict[str, Counts]:
+    """Chapter 3's table of counts: P73's and P27's operations one by one, eager and fused."""
+    p73p, p27p = p73_parts(), p27_parts()
+    n73, n27 = math.prod(p73p["y"]), math.prod(p27p["y"])
+    return {
+        "P73 conv2d": p73_conv(),
+        "P73 batch-norm, eval": batchnorm(p73p["y"], train=False),
+        "P73 batch-norm, train": batchnorm(p73p["y"], train=True),
+        "P73 · s": elementwise(n73, 1),
+        "P73 eager eval (conv with bias, BN, · s)": total(p73_eager().values()),
+        "P73 eager eval (conv, bias add, BN, · s)": total(p73_eager(separate_bias=True).values()),
+        "P73 eager train (conv, BN, · s)": total(p73_eager(train=True).values()),
+        "P73 fused eval (BN, s folded)": p73_fused_eval(),
+        "P73 fused train, conv output written": p73_fused_train(strategy="materialise"),
+        "P73 fused train, conv recomputed": p73_fused_train(strategy="recompute"),
+        "P27 conv3d": p27_conv(),
+        "P27 hardswish": elementwise(n27, 3),
+        "P27 group-norm": groupnorm(p27p["y"]),
+        "P27 mean over D, H, W": reduce_mean(p27p["y"]),
+        "P27 eager (4 kernels)": total(p27_eager().values()),
+        "P27 fused (GN mean from sums)": p27_fused(),
+    }
+
+
+GH100_FULL_DIE_SMS = 144  # GH100 as designed: 8 GPCs × 9 TPCs × 2 SMs; products enable fewer
+
+
+def classic_slips(device: dict, capability: str):
+    """Chapter 3's slips, each as (slip, quantity, wrong, right, wrong / right), from P73's counts and the
+    device's attributes (SM count, warp size, threads per SM). Peaks in FLOP per clock: no clock assumed."""
+    import pandas as pd
+
+    conv73, x_elems = p73_conv(), math.prod(p73_parts()["x"])
+    warp, sms, tpsm = device["warp_size"], device["sm_count"], device["max_threads_per_sm"]
+    per_clock = sms * fp32_lanes_per_sm(capability) * 2
+    df = pd.DataFrame([
+        ("MACs reported as FLOP", "P73 conv, GFLOP", conv73.macs / 1e9, conv73.flop / 1e9),
+        ("elements reported as bytes", "P73 input, MB", x_elems / 1e6, F32 * x_elems / 1e6),
+        ("MiB and MB mixed up", "P73 conv output, MB", conv73.write / 2**20, conv73.write / 1e6),
+        ("128 threads per warp", "warps in a 256-thread block", 256 / 128, 256 / warp),
+        ("128 threads per warp", "warps per SM sub-partition", warps_per_subpartition(tpsm, 128),
+         warps_per_subpartition(tpsm, warp)),
+        (f"{GH100_FULL_DIE_SMS} SMs (the full die), not {sms}", "FP32 FLOP per clock",
+         per_clock * GH100_FULL_DIE_SMS / sms, per_clock),
+        ("an FMA counted as 1 FLOP", "FP32 FLOP per clock", per_clock / 2, per_clock),
+    ], columns=["slip", "quantity", "wrong", "right"])
+    df["wrong / right"] = df["wrong"] / df["right"]
+    return df
+
+
+# The script chapter 3 runs under Nsight Compute: eager eval P73 and the folded kernel, each once inside
+# its NVTX range (warmed up outside them), so that ncu profiles exactly those kernels.
+NCU_TARGET_P73_EVAL = """
+import torch, kernelbook as kb
+from kernelbook import roofline as rl
+p73 = kb.problems.P73_CONV_BN_SCALE
+model = rl.p73_eval_model().cuda()
+w, b = kb.folding.fold(model.conv, model.bn, p73.init_args[3])
+conv = kb.build.load("conv2d_folded")
+x = p73.inputs(seed=1, device="cuda")
+with torch.no_grad():
+    y = torch.empty_like(model.conv(x))
+    runs = {"eager_p73_eval": lambda: model(x),
+            "ours_p73_eval": lambda: conv.conv2d_folded(x, w, b, y)}
+    for fn in runs.values():
+        fn()
+    torch.cuda.synchronize()
+    for variant, fn in runs.items():
+        with kb.timing.nvtx_range("03_roofline", variant):
+            fn()
+    torch.cuda.synchronize()
+"""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chapter 3's notebook plumbing: the check cases, the bad inputs, the tables derived from its record
+
+COPY_SIZES = (0, 1, 3, 4, 5, 1023, 4096 + 3, 8192 * 5 + 4 * 7 + 3, 8192 * 1100 + 5, (1 << 24) + 1)
+COPY_VARIANTS = {  # name: (grid, float4 per thread, cache hints)
+    f"copy_{g}_u{u}{'_cs' if c == 'streaming' else ''}": (g, u, c)
+    for g in ("resident", "tiles") for u in (1, 4, 8) for c in ("default", "streaming")}
+FFMA_CASES = ((0, 1.0, 1.0, 2), (37, 1.0, 3.0, 5), (4096, 1.0, 1.0, 0),
+              (100, 0.999, 0.5, 3))  # iters, m, c, blocks (0: as many as fit)
+HEADLINE = {("03_roofline", "ours_p73_eval"): "P73 eval, ours",
+            ("03_roofline", "eager_p73_eval"): "P73 eval, eager",
+            ("06_capstone_conv_bn_scale", "ours_train"): "P73 train, ours",
+            ("07_capstone_conv3d_groupnorm_mean", "ours"): "P27, ours",
+            ("03_roofline", "eager_p27"): "P27, eager", ("03_roofline", "ffma_ours"): "FFMA kernel"}
+
+
+def counts_dict(c: Counts) -> dict:
+    """``c`` as the ``counts`` a ``kb.measure.Variant`` declares."""
+    return {"flop": c.flop, "read": c.read, "write": c.write, "bytes": c.bytes}
+
+
+def bad_inputs(mod) -> dict[str, str]:
+    """Each bad input of the ``ceilings`` bindings and the error message it raises ('accepted' if none)."""
+    import torch
+
+    from .check import error_message as msg
+
+    xg = torch.zeros(64, device="cuda")
+    return {
+        "misaligned view x[1:]": msg(lambda: mod.copy(xg[1:])),
+        "float64 input": msg(lambda: mod.copy(xg.double())),
+        "CPU input": msg(lambda: mod.copy(xg.cpu())),
+        "out of another shape": msg(lambda: mod.copy(xg, xg[:63].clone())),
+        "unknown grid": msg(lambda: mod.copy(xg, None, "fastest")),
+        "unsupported unroll": msg(lambda: mod.copy(xg, None, "tiles", 6)),
+        "unknown cache hint": msg(lambda: mod.copy(xg, None, "tiles", 4, "l2")),
+        "negative iteration count": msg(lambda: mod.ffma(-1)),
+    }
+
+
+def conv_flops_by_torch() -> dict[str, int]:
+    """P73's conv2d and P27's conv3d counted by ``torch.utils.flop_counter`` (shapes only)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    m73, m27 = P73_CONV_BN_SCALE.model(), P27_CONV3D_GN_MEAN.model()
+    return {"P73 conv2d": torch_flop_count(F.conv2d, p73_parts()["x"], m73.conv.weight.shape,
+                                           m73.conv.bias.shape),
+            "P27 conv3d": torch_flop_count(F.conv3d, p27_parts()["x"], m27.conv.weight.shape,
+                                           m27.conv.bias.shape)}
+
+
+def ceilings_resources():
+    """Registers per thread of each ``ceilings`` kernel for sm_75/80/90 (asserting no spills or stack)."""
+    import pandas as pd
+
+    from . import build
+    from .show import kernel_name
+
+    res = pd.DataFrame([r for a in ("75", "80", "90") for r in build.resources("ceilings", a)])
+    spills = res[["spill_store_bytes", "spill_load_bytes", "stack_bytes"]]
+    assert (spills == 0).all().all(), res
+    regs = res.pivot(index="kernel", columns="arch", values="registers")
+    regs.index = regs.index.map(kernel_name)
+    return regs.add_prefix("registers, sm_")
+
+
+def ffma_flop(config: dict) -> int:
+    """FLOP of one FFMA launch of ``config`` (blocks, threads, chains, iters): 2 per FMA."""
+    return 2 * config["blocks"] * config["threads"] * config["chains"] * config["iters"]
+
+
+@dataclass
+class Rates:
+    """Chapter 3's reference rates from its record: median ms per variant, FLOP/s, copy bytes/s."""
+
+    t: object  # pandas Series: median ms per variant
+    rate: dict[str, float]  # FLOP/s: ffma_ours, sgemm_torch, gemm_tf32_torch
+    bw: dict[str, float]  # bytes/s of every copy variant (copy_ours included)
+    per_clock: float  # FP32 FLOP per SM clock cycle, whole GPU
+    ran_hz: float  # the clock the FFMA kernel ran at, by its own counters
+    bw_datasheet: float
+
+    @property
+    def peak_ran(self) -> float:
+        return self.per_clock * self.ran_hz
+
+    @property
+    def bw_best(self) -> float:
+        return max(self.bw.values())
+
+    @property
+    def ffma_pct(self) -> float:  # our FFMA kernel, % of the FP32 peak at the clock it ran at
+        return 100 * self.rate["ffma_ours"] / self.peak_ran
+
+    @property
+    def copy_pct(self) -> float:  # our fastest copy, % of PyTorch's
+        return 100 * self.bw["copy_ours"] / self.bw["copy_torch"]
+
+    @property
+    def peaks(self) -> dict[str, float]:  # the compute rate of each arithmetic
+        return {"fp32": self.rate["ffma_ours"], "tf32": self.rate["gemm_tf32_torch"]}
+
+    @property
+    def ours_bw(self) -> dict[str, float]:
+        return {v: self.bw[v] for v in COPY_VARIANTS}
+
+    def table(self):
+        import pandas as pd
+
+        return pd.DataFrame({"median ms": self.t[[*self.rate, *self.bw]],
+                             "TFLOP/s": pd.Series(self.rate) / 1e12, "GB/s": pd.Series(self.bw) / 1e9})
+
+
+def reference_rates(rec: dict, n_copy: int, gemm: int) -> Rates:
+    """The rates of chapter 3's reference variants, from ``rec`` (copies of ``n_copy`` floats, GEMMs of
+    ``gemm``³), the FP32 peak per clock from the device's attributes and the FFMA kernel's own clock."""
+    import pandas as pd
+
+    t = pd.DataFrame(rec["timings_ms"]).T["median"]
+    dev, cap = rec["device"], rec["provenance"]["capability"]
+    gflop = matmul(gemm, gemm, gemm).flop
+    rate = {"ffma_ours": ffma_flop(rec["ffma_config"]) / (t["ffma_ours"] * 1e-3),
+            **{v: gflop / (t[v] * 1e-3) for v in ("sgemm_torch", "gemm_tf32_torch")}}
+    copies = ["copy_torch", *COPY_VARIANTS, "copy_torch_again", "copy_ours"]
+    bw = {v: copy(n_copy).bytes / (t[v] * 1e-3) for v in copies}
+    return Rates(t, rate, bw, dev["sm_count"] * fp32_lanes_per_sm(cap) * 2,
+                 rec["ffma_clock"]["kernel GHz (median over blocks)"] * 1e9,
+                 dram_peak(dev["memory_clock_khz"] * 1e3, dev["memory_bus_bits"]))
+
+
+def copy_configurations(bw: Mapping[str, float]):
+    """Each copy configuration as % of PyTorch's copy, a table (float4 per thread × grid and hints), and
+    what the prose needs: the best resident-grid %, the tiles-minus-resident gains, the hints' effects."""
+    import pandas as pd
+
+    pct = {v: 100 * bw[v] / bw["copy_torch"] for v in COPY_VARIANTS}
+    hints = {"default": "no hints", "streaming": "evict first"}
+    configs = pd.DataFrame([{"float4 per thread": u, "column": f"{g}, {hints[c]}", "%": pct[v]}
+                            for v, (g, u, c) in COPY_VARIANTS.items()])
+    grid = configs.pivot(index="float4 per thread", columns="column", values="%")
+    gain = [pct[f"copy_tiles_u{u}"] - pct[f"copy_resident_u{u}"] for u in (1, 4, 8)]
+    hint = [pct[f"{v}_cs"] - pct[v] for v in COPY_VARIANTS if not v.endswith("_cs")]
+    resident_best = max(pct[f"copy_resident_u{u}"] for u in (1, 4, 8))
+    return grid, resident_best, gain, hint
+
+
+def math_verdict(math_of: Mapping[str, str | None]) -> str:
+    """One Markdown clause: which of the timed variants ran TF32 tensor-core kernels, if any."""
+    tf32_ran = [v for v, m in math_of.items() if m == "tf32"]
+    if not tf32_ran:
+        return "every convolution here ran as an FP32 FFMA kernel, held to the FP32 rate"
+    return "TF32 tensor-core kernels ran for " + ", ".join(f"`{v}`" for v in tf32_ran) + ", held to the TF32 rate"
+
+
+def bound_by(c: Counts, ridge_point: float) -> str:
+    """'compute-bound' if ``c``'s intensity is past the ridge point, else 'memory-bound'."""
+    return "compute-bound" if c.intensity > ridge_point else "memory-bound"
+
+
+def closest_to_bound(bounded, chapter: str, defining: Iterable[str]):
+    """The rows of ``with_bounds`` that hold a model's counts, less ``chapter``'s rate-defining variants
+    (asserting none is below 0.9× its bound), and the one closest to its bound."""
+    defining = bounded["variant"].isin(list(defining)) & (bounded["chapter"] == chapter)
+    modelled = (bounded["counts"] == "model") | (bounded["chapter"] == chapter)
+    checked = bounded[~defining & modelled]
+    assert (checked["measured / bound"] >= 0.9).all(), checked.nsmallest(3, "measured / bound")
+    return checked.loc[checked["measured / bound"].idxmin()]
+
+
+NCU_DRAM = ["dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum"]
+
+
+def ncu_tables(ncu_records: list[dict]):
+    """Nsight Compute's DRAM counters per kernel (MB read and written, ns) and summed per variant (bytes)."""
+    import pandas as pd
+
+    from .show import kernel_name
+
+    ncu = pd.DataFrame(ncu_records)
+    per_kernel = ncu.pivot_table(index=["variant", "kernel"], columns="metric", values="value",
+                                 aggfunc="sum", sort=False).reset_index()
+    per_kernel["kernel"] = per_kernel["kernel"].map(kernel_name)
+    per_kernel[NCU_DRAM[:2]] /= 1e6
+    per_kernel = per_kernel.rename(columns=dict(zip(NCU_DRAM, ["read MB", "written MB", "ns"], strict=True)))
+    tot = ncu.pivot_table(index="variant", columns="metric", values="value", aggfunc="sum")
+    tot = tot.rename(columns={NCU_DRAM[0]: "read", NCU_DRAM[1]: "write"})
+    tot["moved"] = tot["read"] + tot["write"]
+    return per_kernel, tot
+
+
+def predicted_vs_measured(pred: Mapping[str, Counts], tot):
+    """Each variant's predicted minimum DRAM MB against the MB Nsight Compute measured (``ncu_tables``)."""
+    import pandas as pd
+
+    return pd.DataFrame({v: {"predicted MB": c.bytes / 1e6, "measured MB": tot.loc[v, "moved"] / 1e6,
+                             "measured / predicted": tot.loc[v, "moved"] / c.bytes}
+                         for v, c in pred.items()}).T
+
+
+def ffma_counts(config: dict) -> dict:
+    """The counts one FFMA launch of ``config`` declares: its FLOP, nothing read, one float per thread written."""
+    return {"flop": ffma_flop(config), "read": 0, "write": F32 * config["blocks"] * config["threads"]}
+
+
+def ffma_clock(mod, iters: int) -> dict:
+    """The SM clock one more FFMA launch (``iters`` steps, every resident block) ran at, by its own counters:
+    each block's ``clock64`` cycles over its ``%globaltimer`` nanoseconds around the loop, in GHz."""
+    import statistics
+
+    ghz = [c / ns for c, ns in mod.ffma(iters)[1].double().cpu().tolist()]
+    return {"blocks": len(ghz), "kernel GHz (median over blocks)": float(statistics.median(ghz)),
+            "kernel GHz (min)": min(ghz), "kernel GHz (max)": max(ghz)}
+
+
+BOUND_COLUMNS = ["chapter", "variant", "provider", "math", "FLOP/byte", "bound", "bound_ms", "median_ms",
+                 "measured / bound"]
+
+
+def bias_verdict(separate_bias: bool) -> str:
+    """One Markdown clause: how eager eval P73 added the convolution's bias, from its profile."""
+    if separate_bias:
+        return ("cuDNN's convolution wrote its output without the bias, and ATen's `CUDAFunctor_add` "
+                "kernel read and wrote it again to add it")
+    return "the convolution added its bias itself"
+
+
+def ncu_installed() -> bool:
+    """Whether Nsight Compute's ``ncu`` is on the PATH."""
+    import shutil
+
+    return shutil.which("ncu") is not None

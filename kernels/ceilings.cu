@@ -14,8 +14,9 @@
 //         blocks per SM), each with a fixed share. Optional streaming cache hints (kStreaming:
 //         ld.global.cs / st.global.cs, "evict first"). Chapter 3 measures all of them.
 // ffma  — kChains independent recurrences a ← fma(a, m, c_j) per thread, kUnroll steps per loop trip:
-//         with 8 warps per SM sub-partition, each holding 8 independent FMAs, the FP32 pipes never
-//         wait on a result. Each thread writes the sum of its chains, so nothing can be deleted, and
+//         with as many 256-thread blocks as fit (few registers: the SM's full 2048 threads on an H200,
+//         i.e. 16 warps per SM sub-partition), each warp holding 8 independent FMAs, the FP32 pipes
+//         never wait on a result. Each thread writes the sum of its chains, so nothing can be deleted, and
 //         thread 0 of each block records the SM cycles and nanoseconds its loop took: their ratio is
 //         the clock the kernel actually ran at.
 #include <cuda_runtime.h>
@@ -46,14 +47,19 @@ copy_vec4_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, 
     const float4* __restrict__ x4 = reinterpret_cast<const float4*>(x);
     float4* __restrict__ y4 = reinterpret_cast<float4*>(y);
 
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // one trip per block on the "tiles" grid
+    // excerpt: copy-tile
+    // Grid-stride over tiles: one trip per block on the "tiles" grid.
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int64_t base = tile * kCopyTile + threadIdx.x;
-        if (base + (kCopyUnroll - 1) * kCopyThreads < n4) {  // a whole tile: no bounds checks
+        // A whole tile: no bounds checks.
+        if (base + (kCopyUnroll - 1) * kCopyThreads < n4) {
             float4 v[kCopyUnroll];
 #pragma unroll
-            for (int u = 0; u < kCopyUnroll; ++u) v[u] = load4<kStreaming>(x4 + base + u * kCopyThreads);
+            for (int u = 0; u < kCopyUnroll; ++u)
+                v[u] = load4<kStreaming>(x4 + base + u * kCopyThreads);
 #pragma unroll
-            for (int u = 0; u < kCopyUnroll; ++u) store4<kStreaming>(y4 + base + u * kCopyThreads, v[u]);
+            for (int u = 0; u < kCopyUnroll; ++u)
+                store4<kStreaming>(y4 + base + u * kCopyThreads, v[u]);
         } else {  // the last, partial tile
 #pragma unroll
             for (int u = 0; u < kCopyUnroll; ++u) {
@@ -62,6 +68,7 @@ copy_vec4_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, 
             }
         }
     }
+    // end excerpt: copy-tile
     if (blockIdx.x == 0 && threadIdx.x < n - 4 * n4) {  // the tail: the last n % 4 elements
         const int64_t j = 4 * n4 + threadIdx.x;
         y[j] = x[j];
@@ -87,6 +94,7 @@ ffma_kernel(float* __restrict__ out, long long* __restrict__ clocks, int iters, 
         a[j] = static_cast<float>((t & 63) + j);  // a_j(0) = (t mod 64) + j: distinct chains
         cj[j] = c * static_cast<float>(j + 1);    // c_j = c·(j + 1)
     }
+    // excerpt: ffma-loop
     const long long cycles0 = clock64();
     const unsigned long long ns0 = global_ns();
     int i = 0;
@@ -104,6 +112,7 @@ ffma_kernel(float* __restrict__ out, long long* __restrict__ clocks, int iters, 
     }
     const long long cycles1 = clock64();
     const unsigned long long ns1 = global_ns();
+    // end excerpt: ffma-loop
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < kChains; ++j) s += a[j];

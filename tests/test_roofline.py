@@ -1,4 +1,4 @@
-"""Roofline counts pinned to the integers of RATIONALES.md (derived in kernelbook.roofline from the
+"""Roofline counts pinned to the integers of the problems (derived in kernelbook.roofline from the
 problems' shapes, never pasted there), the placement of recorded variants, and the ceilings kernels."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_p27_conv_counts():
 
 
 def test_p73_eager_eval_both_models():
-    """Eager eval P73 as RATIONALES.md models it (3 kernels, the bias in the conv) and as the recorded profile
+    """Eager eval P73 as a three-kernel model has it (3 kernels, the bias in the conv) and as the recorded profile
     shows it ran on the H200 (4 kernels: cuDNN's conv without bias, ATen's bias add, BN, · s)."""
     out = 520_224_768
     three = roofline.p73_eager(train=False)
@@ -63,6 +63,27 @@ def test_bias_and_math_from_kernel_names():
     placed = roofline.placed(rec)  # the record's stored "tf32" labels give way to the profiled kernel names
     assert {placed[v].math for v in ("eager_p73_eval", "eager_p27", "eager_p27_conv3d")} == {"fp32"}
     assert placed["gemm_tf32_torch"].math == "tf32"  # not profiled: its stored label stands
+
+
+def test_math_is_read_from_declarations_and_profiles_never_from_names():
+    t = {"median": 1.0, "q20": 1.0, "q80": 1.0}
+    ffma = "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_ffma"
+    rec = {"chapter": "02_bn_folding", "timings_ms": {"cudnn_folded_tf32": t, "eager_eval": t, "ours_fast": t},
+           "kernels": [{"variant": "cudnn_folded_tf32", "kernel": ffma}],
+           "variants": {"eager_eval": {"provider": "eager", "math": "fp32"}}}
+    placed = roofline.placed(rec)
+    assert {v: p.math for v, p in placed.items()} == {v: "fp32" for v in rec["timings_ms"]}
+    rec["variants"]["eager_eval"]["math"] = "tf32"
+    assert roofline.placed(rec)["eager_eval"].math == "tf32"
+    new = {"chapter": "09_new", "timings_ms": {"x": t},
+           "variants": {"x": {"provider": "compile", "math": "tf32", "counts": {"flop": 10, "bytes": 5}}}}
+    assert roofline.placed(new)["x"] == roofline.Placed(roofline.Counts(10, 5, 0), "tf32", "declared")
+    assert roofline.variant_provider(new, "x") == "compile"
+
+
+def test_warps_per_subpartition():
+    assert roofline.warps_per_subpartition(2048) == 16  # H100/H200: 64 warps per SM over 4 schedulers
+    assert roofline.warps_per_subpartition(1024) == 8   # T4
 
 
 def test_fp32_lanes_per_sm():
@@ -135,7 +156,8 @@ def _record(chapter, timings, **extra):
 
 def test_points_skip_unknown_and_missing(tmp_path):
     (tmp_path / "02_bn_folding.json").write_text(json.dumps(_record(
-        "02_bn_folding", {"eager_eval": 1.6, "ours_fast": 0.5, "something_new": 1.0})))
+        "02_bn_folding", {"eager_eval": 1.6, "ours_fast": 0.5, "something_new": 1.0},
+        variants={"eager_eval": {"provider": "eager", "math": "tf32"}})))
     (tmp_path / "04_coalescing.json").write_text(json.dumps(_record("04_coalescing", {"x": 1.0})))  # unknown
     (tmp_path / "05_broken.json").write_text("{not json")
     (tmp_path / "03_roofline.json").write_text(json.dumps(_record(
@@ -149,7 +171,8 @@ def test_points_skip_unknown_and_missing(tmp_path):
         ("02_bn_folding", "eager_eval"), ("02_bn_folding", "ours_fast"), ("03_roofline", "ffma_ours")}
     ours = df[df.variant == "ours_fast"].iloc[0]
     assert ours.FLOP == roofline.p73_fused_eval().flop and ours.math == "fp32"
-    assert df[df.variant == "eager_eval"].iloc[0].math == "tf32"
+    assert df[df.variant == "eager_eval"].iloc[0].math == "tf32"  # declared, not guessed from the name
+    assert df[df.variant == "eager_eval"].iloc[0].provider == "eager"
     assert df[df.variant == "ffma_ours"].iloc[0]["TFLOP/s"] == pytest.approx(1.0)
     bounded = roofline.with_bounds(df, {"fp32": 60e12, "tf32": 300e12}, 4e12)
     assert (bounded["measured / bound"] > 0).all() and set(bounded["bound"]) <= {"compute", "memory"}
@@ -165,6 +188,45 @@ def test_points_from_the_recorded_chapters():
     if "05_variance" in have:
         assert {"welford", "ours_groupnorm", "torch_groupnorm"} <= set(df[df.chapter == "05_variance"].variant)
     assert (df["median_ms"] > 0).all() and not df.duplicated(["chapter", "variant"]).any()
+
+
+def test_chapter_tables_from_the_stored_record():
+    """The chapter's display helpers on its stored record: rates, copy grid, bounds, Nsight counters."""
+    try:
+        rec = kb.records.load("03_roofline", "h200")
+    except FileNotFoundError:
+        pytest.skip("chapter 3 not recorded")
+    rec.setdefault("ffma_config", {"blocks": 1056, "iters": 1 << 16, "threads": 256, "chains": 8})
+    r = roofline.reference_rates(rec, 1 << 28, 8192)
+    assert set(r.ours_bw) == set(roofline.COPY_VARIANTS) and r.bw_best < r.bw_datasheet
+    assert 0 < r.ffma_pct <= 100.5 and r.copy_pct > 50 and list(r.peaks) == ["fp32", "tf32"]
+    assert r.table().loc["copy_ours", "GB/s"] > 0
+    grid, best, gain, hint = roofline.copy_configurations(r.bw)
+    assert grid.shape == (3, 4) and len(gain) == 3 and len(hint) == 6 and 0 < best < 200
+    per_kernel, tot = roofline.ncu_tables(rec["ncu"])
+    assert {"read MB", "written MB", "ns"} <= set(per_kernel.columns)
+    pred = {"ours_p73_eval": roofline.p73_fused_eval()}
+    assert 0.5 < roofline.predicted_vs_measured(pred, tot).loc["ours_p73_eval", "measured / predicted"] < 2
+    assert "TF32" in roofline.math_verdict({"a": "tf32"}) and "FP32" in roofline.math_verdict({"a": "fp32"})
+    assert roofline.bound_by(roofline.p73_conv(), 1.0) == "compute-bound"
+    assert roofline.counts_dict(roofline.copy(4)) == {"flop": 0, "read": 16, "write": 16, "bytes": 32}
+    assert roofline.ffma_counts(rec["ffma_config"])["flop"] == roofline.ffma_flop(rec["ffma_config"])
+
+
+def test_plot_labels_only_the_headline_points():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    pts = roofline.points([
+        {"chapter": "03_roofline", "timings_ms": {"eager_p73_eval": {"median": 1.01},
+                                                  "ours_p73_eval": {"median": 1.0}},
+         "counts": {v: {"flop": 1e12, "read": 1e9, "write": 0} for v in ("eager_p73_eval",
+                                                                      "ours_p73_eval")}}])
+    ax = roofline.plot(pts, [roofline.Roof("r", 60e12, 4e12)], labels=roofline.HEADLINE)
+    numbers = {t.get_text(): t.xyann for t in ax.texts if t.get_text().isdigit()}
+    keyed = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert keyed == ["P73 eval, ours", "P73 eval, eager"] and set(numbers) == {"1", "2"}
+    assert numbers["2"][1] < numbers["1"][1] - 5  # nearly level points: eager's number pushed below
 
 
 # ---------------------------------------------------------------------------------------------- GPU

@@ -40,7 +40,9 @@ def test_strategy_names():
 def test_capstone_placer_counts_ours_from_moments():
     t = {"median": 1.0, "q20": 1.0, "q80": 1.0}
     rec = {"chapter": "06_capstone_conv_bn_scale", "timings_ms": {v: t for v in (
-        "ours_train", "ours_train_inplace", "solution_train", "compile_train", "compile_train_fp32", "ours_eval")}}
+        "ours_train", "ours_train_inplace", "solution_train", "compile_train", "compile_train_fp32", "ours_eval")},
+        "kernels": [{"variant": "compile_train", "kernel": "sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32"},
+                    {"variant": "compile_train_fp32", "kernel": "sm80_xmma_fprop_implicit_gemm_f32f32_ffma"}]}
     placed = roofline.placed(rec)
     assert placed["ours_train"].counts == placed["solution_train"].counts == roofline.p73_fused_train(
         strategy="moments")
