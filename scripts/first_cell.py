@@ -44,8 +44,11 @@ if importlib.util.find_spec("kernelbook") is None:
         if not root.is_dir():
             git = ["git", "clone", "--depth", "1", REPO_URL, str(root)]
             subprocess.run(git, check=True)
-    pkgs = ["ninja", "nvtx", "myst-nb", "sympy"]  # Colab already has PyTorch, pandas
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pkgs], check=True)
+    need = {{"ninja": "ninja", "nvtx": "nvtx", "myst_nb": "myst-nb", "sympy": "sympy"}}
+    missing = [p for m, p in need.items() if importlib.util.find_spec(m) is None]
+    if missing:  # Colab already has PyTorch, pandas and matplotlib
+        pip = [sys.executable, "-m", "pip", "install", "-q", *missing]
+        subprocess.run(pip, check=True)
     sys.path.insert(0, str(root))
     os.chdir(root / "notebooks")
     importlib.invalidate_caches()
