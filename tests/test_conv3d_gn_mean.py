@@ -373,3 +373,16 @@ def test_solution_passes_kernelbench_check_and_float64():
     r64, tol = _reference(ours, x)
     with torch.no_grad():
         check.assert_close(ours(x), r64, tol, what="solution vs float64")
+
+
+@pytest.mark.compile
+def test_the_numpy_emulation_plans_slabs_as_the_kernel_does():
+    """dev/emulate_p27.py re-derives the kernel's shared-memory plan: it must agree with the module's plan()."""
+    spec = importlib.util.spec_from_file_location("emulate_p27", ROOT / "dev" / "emulate_p27.py")
+    emu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(emu)
+    mod = kb.build.load("conv3d_gn_mean", arch="90")
+    for shape in [(3, 16, 32, 32, 16), (3, 9, 17, 23, 16), (1, 5, 5, 5, 8), (4, 16, 64, 64, 24)]:
+        for limit in (232_448, 166_912, 101_376, 65_536):
+            want = mod.plan(*shape, limit)["depths_per_slab"]
+            assert emu.slab(*shape, limit) == want, (shape, limit)

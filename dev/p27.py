@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """P27 on a GPU in one call: build, check against float64, time every variant, print a compact summary.
 
-    python scripts/dev_p27.py               # checks + timings (+ Nsight Compute when ncu is on PATH)
-    python scripts/dev_p27.py --no-ncu      # without the profiler section
-    python scripts/dev_p27.py --ncu-target  # only run the fused kernel (what the profiler section profiles)
-    python scripts/dev_p27.py --sweep       # also time -DKB_P27_KD_UNROLL=2 and 4 (two more builds, ~1 min)
+    python dev/p27.py               # checks + timings (+ Nsight Compute when ncu is on PATH)
+    python dev/p27.py --no-ncu      # without the profiler section
+    python dev/p27.py --ncu-target  # only run the fused kernel (what the profiler section profiles)
+    python dev/p27.py --sweep       # also time -DKB_P27_KD_UNROLL=2 and 4 (two more builds, ~1 min)
 
 Variants, all fp32 (TF32 disabled for cuDNN and matmuls): ``eager`` (the reference module),
 ``compile`` (torch.compile of it), ``conv_only`` (cuDNN's conv3d alone: the Amdahl cap of fusing the tail),

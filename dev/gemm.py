@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Development probe for the 3xTF32 matrix product (GPU): error against float64 and speed against cuBLAS.
 
-    python scripts/dev_gemm.py [M N K ...]      (default: 8192 8192 8192 and P73's implicit GEMM)
+    python dev/gemm.py [M N K ...]      (default: 8192 8192 8192 and P73's implicit GEMM)
 
 Prints, per shape, each variant's median time (do_bench, L2 flushed), TFLOP/s of the useful FLOPs
 (2·M·N·K) and relative error against float64: ours in 3xTF32 and plain TF32, cuBLAS in float32

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One GPU call for the P73 capstone: build the kernel variants, check them against float64, time everything.
 
-    python scripts/dev_p73.py [--out DIR] [--no-compile] [--variants default,sync]
+    python dev/p73.py [--out DIR] [--no-compile] [--variants default,sync]
 
 Builds every variant of kernels/conv_bn_scale in SWEEP (in parallel, while the baselines run), checks each
 against float64 on P73 and on odd shapes (training: output and running statistics; eval: the folded conv),

@@ -10,7 +10,7 @@ not staged for the current slab is NaN, so a valid output that reads it fails, a
 checks that each enters the statistics exactly once. Slow (Python loops; about 15 s). It duplicates the
 kernel's logic: when the kernel changes, change this too, or delete it.
 
-    python scripts/emulate_p27.py
+    python dev/emulate_p27.py
 """
 
 import numpy as np
