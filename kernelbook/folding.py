@@ -561,7 +561,9 @@ def measure_numbers(t, rec: dict, peak: float) -> dict:
 
     med, err = t["median ms"], t["error vs float64"]
     ours_ms = med["ours_fast"]
-    if rec["provenance"]["gpu"] == "NVIDIA H200":  # the book's claim, for the GPU it was made on
+    from .records import made_on
+
+    if made_on(rec, "h200"):  # the book's claim, for the GPU it was made on
         assert ours_ms < med["cudnn_folded_fp32"], "the tiled kernel should beat cuDNN's fp32 convolution"
     bs = baseline_summary(t, rec)
     out = {"best_baseline": f"`{bs['best']}`", "best_fp32": f"`{bs['best_fp32']}`",

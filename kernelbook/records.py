@@ -53,16 +53,32 @@ def new(chapter: str, kernels: list[str]) -> dict:
     return {"chapter": chapter, "provenance": prov, "checks": {}, "timings_ms": {}, "live": True}
 
 
+def results_gpu(gpu_slug: str | None = None) -> str:
+    """Whose records a build shows: ``gpu_slug``, else $KERNELBOOK_RESULTS_GPU, else the default (h200)."""
+    return gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
+
+
+def read(path: Path) -> dict:
+    """One record file (the toolkit's and the book pages' one way to read a record)."""
+    return json.loads(Path(path).read_text())
+
+
+def on_gpu(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
+    """Every chapter record made on ``gpu_slug`` (see ``results_gpu``), in chapter order."""
+    slug = results_gpu(gpu_slug)
+    return [read(p) for p in all_records(root) if p.parent.name == slug]
+
+
 def load(chapter: str, gpu_slug: str | None = None, root: Path = RESULTS) -> dict:
     """The recorded results of ``chapter`` on ``gpu_slug`` (default: $KERNELBOOK_RESULTS_GPU or h200)."""
-    slug = gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
+    slug = results_gpu(gpu_slug)
     p = path_for(chapter, slug, root)
     if not p.is_file():
         have = sorted(q.parent.name for q in root.glob(f"*/{chapter}.json"))
         raise FileNotFoundError(f"no recorded results for {chapter!r} on {slug!r} ({p} is missing); "
                                 f"recorded on: {have or 'no GPU yet'}. Run the chapter on a GPU with "
                                 f"KERNELBOOK_RECORD=1 to record it.")
-    rec = json.loads(p.read_text())
+    rec = read(p)
     rec["live"] = False
     return rec
 

@@ -17,7 +17,6 @@ Conventions, one per line, so that every number can be re-derived by hand:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -501,22 +500,22 @@ def placed(rec: dict) -> dict[str, Placed]:
     return {v: Placed(p.counts, variant_math(rec, v) or "fp32", p.source) for v, p in out.items()}
 
 
-def recorded(paths: Iterable[Path] | None = None, gpu_slug: str = "h200", exclude: Sequence[str] = ()) -> list[dict]:
+def recorded(paths: Iterable[Path] | None = None, gpu_slug: str | None = None,
+             exclude: Sequence[str] = ()) -> list[dict]:
     """The records of ``gpu_slug`` (or those at ``paths``), minus the chapters in ``exclude``; a missing
     or unreadable file is skipped, so the list grows as chapters are recorded."""
-    from .records import all_records
+    from .records import on_gpu, read
 
     if paths is None:
-        paths = [p for p in all_records() if p.parent.name == gpu_slug]
-    out = []
-    for p in paths:
-        try:
-            rec = json.loads(Path(p).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(rec, dict) and rec.get("chapter") not in exclude:
-            out.append(rec)
-    return out
+        recs = on_gpu(gpu_slug)
+    else:
+        recs = []
+        for p in paths:
+            try:
+                recs.append(read(p))
+            except (OSError, ValueError):
+                continue
+    return [r for r in recs if isinstance(r, dict) and r.get("chapter") not in exclude]
 
 
 def points(records: Iterable[dict] | None = None):

@@ -19,25 +19,15 @@ placeholder (``repository_url``), so the front matter states neither as a typed 
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 from .paths import RESULTS, ROOT
-from .records import DEFAULT_GPU, all_records
+from .records import on_gpu, results_gpu
 
 ROOFLINE = "03_roofline"  # the chapter that measures the ceilings: FP32 FMA throughput and copy bandwidth
 
 COLUMNS = ["problem", "operation", "ch.", "eager ms", "compile ms", "ours ms", "× eager", "× compile",
            "% of floor"]
-
-
-def _slug(gpu_slug: str | None) -> str:
-    return gpu_slug or os.environ.get("KERNELBOOK_RESULTS_GPU", DEFAULT_GPU)
-
-
-def _records(slug: str, root: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in all_records(root) if p.parent.name == slug]
 
 
 def _median(rec: dict, variant: str | None) -> float | None:
@@ -61,7 +51,7 @@ def reference_rates(rec: dict | None) -> dict[str, float]:
 
 def ceilings(gpu_slug: str | None = None, root: Path = RESULTS) -> tuple[float, float] | None:
     """FP32 FLOP/s and copy bytes/s as the roofline chapter measured them on ``gpu_slug`` (None if not)."""
-    rec = next((r for r in _records(_slug(gpu_slug), root) if r["chapter"] == ROOFLINE), None)
+    rec = next((r for r in on_gpu(gpu_slug, root) if r["chapter"] == ROOFLINE), None)
     rates = reference_rates(rec)
     return (rates["flop"], rates["bytes"]) if {"flop", "bytes"} <= rates.keys() else None
 
@@ -89,10 +79,10 @@ def floor_ms(rec: dict, variant: str, ceil: tuple[float, float] | None) -> float
 
 def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
     """The table's rows (numbers, not text), chapter by chapter, in the order the chapters declared them."""
-    slug = _slug(gpu_slug)
+    slug = results_gpu(gpu_slug)
     ceil = ceilings(slug, root)
     out = []
-    for rec in sorted(_records(slug, root), key=lambda r: r["chapter"]):
+    for rec in sorted(on_gpu(slug, root), key=lambda r: r["chapter"]):
         for (problem, operation), by in table_rows(rec).items():
             eager, comp, ours = (_median(rec, by.get(p)) for p in ("eager", "compile", "ours"))
             floor = floor_ms(rec, by["ours"], ceil) if "ours" in by else None
@@ -178,7 +168,7 @@ def repository_url(root: Path = ROOT) -> str:
 
 def torch_versions(gpu_slug: str | None = None, root: Path = RESULTS) -> list[str]:
     """The PyTorch versions the records on ``gpu_slug`` were made with (the GPU machine's own torch)."""
-    return sorted({r["provenance"]["torch"] for r in _records(_slug(gpu_slug), root)})
+    return sorted({r["provenance"]["torch"] for r in on_gpu(gpu_slug, root)})
 
 
 def pinned(package: str, root: Path = ROOT) -> str | None:
