@@ -100,3 +100,8 @@ def test_kernels_are_forward_only_and_say_so(scale):
         scale.scale(x, 2.0)
     with torch.no_grad():
         assert torch.equal(scale.scale(x, 2.0), torch.full((8,), 2.0, device="cuda"))
+
+
+def test_sm_clock_is_measured_on_the_gpu():
+    mhz = kb.device.sm_clock_mhz()
+    assert 300 <= mhz <= 3500, f"{mhz} MHz is no SM clock"
