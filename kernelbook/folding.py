@@ -536,7 +536,7 @@ def measure_eval(rec: dict, variants: dict, model: nn.Module, x: torch.Tensor, c
             rec["variants"][n]["math"] = "tf32"
     rec["sm_clock_mhz"] = device.sm_clock_mhz()  # right after the runs: the clock they ran at
     if rec["sm_clock_mhz"] is None:
-        raise RuntimeError("nvidia-smi is needed to read the SM clock for the FFMA peak")
+        raise RuntimeError("the SM clock for the FFMA peak could not be measured (no GPU?)")
     return t
 
 
