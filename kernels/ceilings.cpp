@@ -10,16 +10,8 @@
 #include <string>
 #include <tuple>
 
+#include "ceilings.h"
 #include "torch_checks.h"
-
-// From ceilings.cu.
-int ffma_threads_per_block();
-int ffma_chains();
-cudaError_t ceilings_resident_blocks(bool ffma, int* blocks);
-cudaError_t launch_copy(const float* x, float* y, int64_t n, int unroll, bool resident_only, bool streaming,
-                        cudaStream_t stream);
-cudaError_t launch_ffma(float* out, long long* clocks, int blocks, int iters, float m, float c,
-                        cudaStream_t stream);
 
 namespace {
 

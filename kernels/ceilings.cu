@@ -19,6 +19,8 @@
 //         never wait on a result. Each thread writes the sum of its chains, so nothing can be deleted, and
 //         thread 0 of each block records the SM cycles and nanoseconds its loop took: their ratio is
 //         the clock the kernel actually ran at.
+#include "ceilings.h"
+
 #include <cuda_runtime.h>
 
 #include <climits>

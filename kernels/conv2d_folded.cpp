@@ -11,16 +11,8 @@
 #include <optional>
 #include <string>
 
+#include "conv2d_folded.h"
 #include "torch_checks.h"
-
-// From conv2d_folded.cu.
-cudaError_t launch_conv2d_simple(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in,
-                                 int H, int W, int C_out, int K, cudaStream_t stream);
-cudaError_t launch_conv2d_tiled(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in,
-                                int H, int W, int C_out, cudaStream_t stream);
-int conv2d_tiled_kernel_size();
-int conv2d_tiled_config(const char* const** names, const int** values);
-int64_t conv2d_tiled_tiles(int64_t N, int H, int W, int C_out);
 
 namespace {
 

@@ -7,6 +7,8 @@
 //   conv2d_tiled_kernel  — register blocking: each thread owns 8 output channels × 4 columns (32
 //                          accumulators), so each input value it loads feeds up to 2·8 FMAs (12 on
 //                          average) and each weight feeds 4; the block stages its input rows and its weights in shared memory.
+#include "conv2d_folded.h"
+
 #include <cuda_runtime.h>
 
 #include <atomic>
