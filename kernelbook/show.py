@@ -256,10 +256,20 @@ def excerpt(file: str | Path, name: str):
     return HTML(excerpt_html(file, name))
 
 
+SHARED_FILES = ("torch_checks.h",)  # the argument checks every binding includes: not part of one kernel's story
+
+
 def source(*files: str | Path, title: str | None = None):
-    """Whole source files (in ``kernels/``) behind one closed dropdown, highlighted, with line numbers."""
+    """Whole source files (in ``kernels/``) behind one closed dropdown, highlighted, with line numbers.
+
+    A bare kernel name (``"bn_train"``) stands for all of its files — its .cu, launch-API header, binding and
+    the shared headers it includes — except the argument checks every binding shares."""
     from IPython.display import HTML
 
+    from .build import sources
+
+    files = tuple(q for f in files for q in ([p for p in sources(str(f)) if p.name not in SHARED_FILES]
+                                             if "." not in str(f) else [f]))
     parts = []
     for f in files:
         p = _path(f)

@@ -13,23 +13,8 @@
 #include <optional>
 #include <vector>
 
+#include "bn_train.h"
 #include "torch_checks.h"
-
-// From bn_train.cu.
-int bn_train_splits(int64_t N, int64_t C, int64_t HW, int resident_blocks);
-cudaError_t bn_stats_resident_blocks(bool vec4, int* sm_count, int* blocks_per_sm);
-bool bn_train_vec4(const float* x, const float* y, int64_t HW);
-void bn_train_config(int* threads, int* unroll, int64_t* max_values_per_block);
-int64_t bn_max_plane();
-int64_t bn_train_partial_floats(int64_t C, int splits);
-cudaError_t launch_bn_scale_train(const float* x, float* y, const float* weight, const float* bias,
-                                  float* running_mean, float* running_var, int64_t* num_batches_tracked,
-                                  float* mean_out, float* var_out, float* mab, void* partial, unsigned* arrivals,
-                                  int64_t N, int64_t C, int64_t HW, int splits, float momentum, float eps,
-                                  float scale, cudaStream_t stream);
-cudaError_t launch_bn_scale_eval(const float* x, float* y, const float* weight, const float* bias,
-                                 const float* running_mean, const float* running_var, int64_t N, int64_t C,
-                                 int64_t HW, float eps, float scale, cudaStream_t stream);
 
 namespace {
 
@@ -37,7 +22,7 @@ constexpr const char* kOp = "bn_scale";
 
 // x: (N, C, H, W) float32 contiguous CUDA, with at least one channel and planes the grid can cover.
 int64_t check_input(const torch::Tensor& x) {
-    KB_CHECK(x.dim() == 4, kOp, ": x must be 4-D (N, C, H, W), got ", x.dim(), "-D shape ", kb::shape_str(x.sizes()));
+    kb::check_dim(x, 4, "(N, C, H, W)", kOp, "x");
     kb::check_tensor(x, kOp, "x");
     KB_CHECK(x.size(1) > 0, kOp, ": x must have at least one channel, got shape ", kb::shape_str(x.sizes()));
     KB_CHECK(x.size(2) * x.size(3) <= bn_max_plane(), kOp, ": planes of more than ", bn_max_plane(),
@@ -49,11 +34,7 @@ int64_t check_input(const torch::Tensor& x) {
 
 // A per-channel vector: float32, contiguous, on x's device, of length C.
 void check_channel_vector(const std::optional<torch::Tensor>& t, const torch::Tensor& x, const char* name) {
-    if (!t) return;
-    kb::check_tensor(*t, kOp, name);
-    kb::check_same_device(x, *t, kOp, "x", name);
-    KB_CHECK(t->dim() == 1 && t->size(0) == x.size(1), kOp, ": ", name, " must have shape [", x.size(1),
-                "] (one value per channel of x), got ", kb::shape_str(t->sizes()));
+    kb::check_channel_vector(t, x, x.size(1), kOp, name, "one value per channel of x");
 }
 
 torch::Tensor output_for(const torch::Tensor& x, const std::optional<torch::Tensor>& out) {
@@ -82,18 +63,7 @@ std::vector<torch::Tensor> bn_scale_train(const torch::Tensor& x, const std::opt
     check_channel_vector(bias, x, "bias");
     check_channel_vector(running_mean, x, "running_mean");
     check_channel_vector(running_var, x, "running_var");
-    const bool tracking = running_mean.has_value();
-    KB_CHECK(running_var.has_value() == tracking && num_batches_tracked.has_value() == tracking, kOp,
-                ": running_mean, running_var and num_batches_tracked must be given together or all be None");
-    if (tracking) {
-        const auto& nbt = *num_batches_tracked;
-        kb::check_tensor(nbt, kOp, "num_batches_tracked", torch::kInt64);
-        kb::check_same_device(x, nbt, kOp, "x", "num_batches_tracked");
-        KB_CHECK(nbt.numel() == 1, kOp, ": num_batches_tracked must hold one value, got ", nbt.numel());
-    }
-    KB_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0), kOp, ": momentum must be in [0, 1] or None, got ",
-                *momentum);
-    KB_CHECK(eps >= 0.0, kOp, ": eps must be non-negative, got ", eps);
+    const bool tracking = kb::check_bn_training(running_mean, running_var, num_batches_tracked, momentum, eps, x, kOp);
     const int64_t N = x.size(0), HW = x.size(2) * x.size(3);
     torch::Tensor y = output_for(x, out);
     if (N * HW == 0) {  // an empty batch: PyTorch returns an empty output and still counts the batch

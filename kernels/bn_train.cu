@@ -1,5 +1,8 @@
 // bn_train.cu — BatchNorm2d followed by a scale factor, fused: y = BN(x)·s, NCHW float32.
 //
+// The statistics' finalize, the running-statistics update and the apply map are bn_stats.cuh's (shared with
+// chapter 6); this file's launch API is declared in bn_train.h.
+//
 // Training mode (what PyTorch does when the module was never put in .eval()):
 //   1. bn_stats_kernel: one read of x. Block (c, s) summarises slice s of channel c as a Welford
 //      state (count, mean, M2), merged with Chan's formula across the thread's registers, the warp
@@ -27,27 +30,24 @@
 #include <climits>
 #include <cstdint>
 
+#include "bn_stats.cuh"
+#include "bn_train.h"
 #include "welford.cuh"
 
 namespace {
 
-constexpr int kThreads = 256;   // 8 warps
-constexpr int kUnroll = 4;      // vector loads in flight per thread per loop trip
+using kb::normalise;
+using kb::Vec;
+
+constexpr int kThreads = kb::kBnThreads;  // 8 warps
+constexpr int kUnroll = kb::kBnUnroll;    // vector loads in flight per thread per loop trip
 // The stats grid is at most one wave: as many blocks as the GPU holds at once, as the occupancy API
 // reports for bn_stats_kernel's registers and shared memory (bn_stats_resident_blocks), never a guess.
 // A block's state counts its values in float: keep each block's share under 2^24 values.
 constexpr int64_t kMaxValuesPerBlock = int64_t{1} << 22;
 
-template <int V> struct Vec;
-template <> struct Vec<4> { using T = float4; };
-template <> struct Vec<1> { using T = float; };
-
 __device__ __forceinline__ void unpack(const float4& v, float* out) { out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w; }
 __device__ __forceinline__ void unpack(const float& v, float* out) { out[0] = v; }
-__device__ __forceinline__ float4 normalise(float4 v, float m, float a, float b) {
-    return make_float4(fmaf(v.x - m, a, b), fmaf(v.y - m, a, b), fmaf(v.z - m, a, b), fmaf(v.w - m, a, b));
-}
-__device__ __forceinline__ float normalise(float v, float m, float a, float b) { return fmaf(v - m, a, b); }
 
 struct Params {
     const float* x;
@@ -129,24 +129,11 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
     if (threadIdx.x != 0) return;
     // end excerpt: last_block
 
-    const double mean = tot.mean;
-    const double var = tot.m2 / tot.n;                                   // biased: normalises this batch
-    const double invstd = 1.0 / sqrt(var + static_cast<double>(p.eps));
-    const double g = p.weight ? static_cast<double>(p.weight[c]) : 1.0;
-    const double be = p.bias ? static_cast<double>(p.bias[c]) : 0.0;
-    p.mab[c] = static_cast<float>(mean);
-    p.mab[p.C + c] = static_cast<float>(g * invstd * p.scale);
-    p.mab[2 * p.C + c] = static_cast<float>(be * p.scale);
-    p.mean_out[c] = static_cast<float>(mean);
+    // The map, the running statistics (bn_stats.cuh), and the batch's mean and biased variance for the caller.
+    const double var = kb::bn_finish_channel(tot, c, p.C, p.mab, p.weight, p.bias, p.running_mean, p.running_var,
+                                             p.num_batches_tracked, p.momentum, p.eps, p.scale);
+    p.mean_out[c] = static_cast<float>(tot.mean);
     p.var_out[c] = static_cast<float>(var);
-    if (p.running_mean) {
-        const double m = p.momentum >= 0.f
-            ? static_cast<double>(p.momentum)
-            : 1.0 / static_cast<double>(*p.num_batches_tracked + 1);      // cumulative average
-        const double var_unbiased = tot.m2 / (tot.n - 1.0);              // updates the running estimate
-        p.running_mean[c] = static_cast<float>((1.0 - m) * p.running_mean[c] + m * mean);
-        p.running_var[c] = static_cast<float>((1.0 - m) * p.running_var[c] + m * var_unbiased);
-    }
 }
 
 // y = (x − m[c])·a[c] + b[c] over plane (n, c) = blockIdx.x, tile blockIdx.y of kThreads·kUnroll items.
@@ -188,21 +175,11 @@ __global__ void __launch_bounds__(kThreads) bn_apply_kernel(Params p) {
     // end excerpt: apply
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-
 // float4 path when every plane starts on a 16-byte boundary.
-bool vec4_for(const float* x, const float* y, int64_t HW) { return HW % 4 == 0 && aligned16(x) && aligned16(y); }
-bool use_vec4(const Params& p) { return vec4_for(p.x, p.y, p.HW); }
+bool use_vec4(const Params& p) { return kb::bn_vec4(p.x, p.y, p.HW); }
 
-// The apply grid: one block per (plane, tile); planes in x (up to 2^31 − 1), tiles in y (up to 65535).
-bool apply_grid(const Params& p, dim3* grid) {
-    const int V = use_vec4(p) ? 4 : 1;
-    const int64_t tiles = (p.HW / V + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-    const int64_t planes = p.N * p.C;
-    if (planes > INT_MAX || tiles > 65535) return false;
-    *grid = dim3(static_cast<unsigned>(planes), static_cast<unsigned>(tiles));
-    return true;
-}
+// The apply grid (bn_stats.cuh): one block per (plane, tile).
+bool apply_grid(const Params& p, dim3* grid) { return kb::bn_apply_grid(p.N, p.C, p.HW, use_vec4(p) ? 4 : 1, grid); }
 
 cudaError_t launch_apply(const Params& p, bool eval, cudaStream_t stream) {
     const int V = use_vec4(p) ? 4 : 1;
@@ -217,8 +194,7 @@ cudaError_t launch_apply(const Params& p, bool eval, cudaStream_t stream) {
 
 }  // namespace
 
-// The largest plane (H·W floats) the apply grid can cover: 65535 tiles of kThreads·kUnroll floats.
-int64_t bn_max_plane() { return int64_t{65535} * kThreads * kUnroll; }
+int64_t bn_max_plane() { return kb::bn_apply_max_plane(); }
 
 // The kernels' compile-time constants, for the chapter's diagrams and tables (never retyped there).
 void bn_train_config(int* threads, int* unroll, int64_t* max_values_per_block) {
@@ -228,7 +204,7 @@ void bn_train_config(int* threads, int* unroll, int64_t* max_values_per_block) {
 }
 
 // Whether the kernels take the float4 path for these pointers and planes (else the scalar one).
-bool bn_train_vec4(const float* x, const float* y, int64_t HW) { return vec4_for(x, y, HW); }
+bool bn_train_vec4(const float* x, const float* y, int64_t HW) { return kb::bn_vec4(x, y, HW); }
 
 // Blocks of bn_stats_kernel the current device holds at once (SMs × resident blocks per SM), from
 // the occupancy API: the kernel's registers and shared memory decide. Asked once per device and path.

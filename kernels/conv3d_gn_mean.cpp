@@ -17,32 +17,10 @@
 #include <cstdint>
 #include <optional>
 
+#include "conv3d_gn_mean.h"
 #include "torch_checks.h"
 
-// From conv3d_gn_mean.cu.
-int p27_kernel_size();
-int p27_max_out_channels();
-int p27_tail_max_channels();
-int64_t p27_smem_bytes(int C_in, int H, int Wp, int C_out, int T);
-int p27_slab_depth(int C_in, int D, int H, int W, int C_out, int64_t max_smem);
-int p27_pitch(int C_in, int H, int W, int C_out, int T, int64_t max_smem);
-int p27_constants(int* v, int n);
-cudaError_t launch_p27_fused(const float* x, const float* w, const float* cb, const float* gw, const float* gb,
-                             float* out, int64_t N, int C_in, int D, int H, int W, int C_out, int num_groups,
-                             float eps, int64_t max_smem, cudaStream_t stream);
-cudaError_t launch_p27_tail(const float* y, const float* gw, const float* gb, float* out, int64_t N, int C,
-                            int64_t S, int num_groups, float eps, cudaStream_t stream);
-
 namespace {
-
-void check_vector(const std::optional<torch::Tensor>& t, const torch::Tensor& x, int64_t C, const char* op,
-                  const char* name, const char* what) {
-    if (!t) return;
-    kb::check_tensor(*t, op, name);
-    kb::check_same_device(x, *t, op, "x", name);
-    KB_CHECK(t->dim() == 1 && t->size(0) == C, op, ": ", name, " must have shape [", C, "] (", what, "), got ",
-             kb::shape_str(t->sizes()));
-}
 
 void check_groups(int64_t C, int64_t num_groups, double eps, const char* op) {
     KB_CHECK(num_groups >= 1, op, ": num_groups must be at least 1, got ", num_groups);
@@ -69,21 +47,15 @@ torch::Tensor p27_forward(const torch::Tensor& x, const torch::Tensor& conv_weig
                           const std::optional<torch::Tensor>& gn_bias, int64_t num_groups, double eps,
                           const std::optional<torch::Tensor>& out, int64_t smem_limit) {
     constexpr const char* op = "p27_forward";
-    KB_CHECK(x.dim() == 5, op, ": x must be 5-D (N, C_in, D, H, W), got ", x.dim(), "-D shape ",
-             kb::shape_str(x.sizes()));
-    KB_CHECK(conv_weight.dim() == 5, op, ": conv_weight must be 5-D (C_out, C_in, K, K, K), got ", conv_weight.dim(),
-             "-D shape ", kb::shape_str(conv_weight.sizes()));
+    kb::check_dim(x, 5, "(N, C_in, D, H, W)", op, "x");
+    kb::check_dim(conv_weight, 5, "(C_out, C_in, K, K, K)", op, "conv_weight");
     kb::check_tensor(x, op, "x");
     kb::check_tensor(conv_weight, op, "conv_weight");
     kb::check_same_device(x, conv_weight, op, "x", "conv_weight");
     const int64_t N = x.size(0), c_in = x.size(1), D = x.size(2), H = x.size(3), W = x.size(4);
     const int64_t c_out = conv_weight.size(0);
     const int k = p27_kernel_size();
-    KB_CHECK(conv_weight.size(1) == c_in, op, ": conv_weight has ", conv_weight.size(1), " input channels but x has ",
-             c_in, " (conv_weight ", kb::shape_str(conv_weight.sizes()), ", x ", kb::shape_str(x.sizes()), ")");
-    KB_CHECK(conv_weight.size(2) == k && conv_weight.size(3) == k && conv_weight.size(4) == k, op,
-             ": the fused kernel is specialised for ", k, "x", k, "x", k, " filters, got conv_weight ",
-             kb::shape_str(conv_weight.sizes()));
+    kb::check_conv_weight(x, conv_weight, k, op, "conv_weight", "fused kernel");
     KB_CHECK(c_out >= 1 && c_out <= p27_max_out_channels(), op, ": out_channels must be between 1 and ",
              p27_max_out_channels(), " (8 per thread, 16 warps), got ", c_out);
     KB_CHECK(c_in >= 1, op, ": x must have at least one input channel, got shape ", kb::shape_str(x.sizes()));
@@ -91,9 +63,9 @@ torch::Tensor p27_forward(const torch::Tensor& x, const torch::Tensor& conv_weig
              "x", k, "x", k, " filter (no padding: the output would be empty)");
     KB_CHECK(N <= INT_MAX && c_in <= 4096 && D <= INT_MAX && H <= 65536 && W <= 65536, op,
              ": sizes out of range (N < 2^31, C_in <= 4096, H and W <= 65536), got x ", kb::shape_str(x.sizes()));
-    check_vector(conv_bias, x, c_out, op, "conv_bias", "one value per output channel");
-    check_vector(gn_weight, x, c_out, op, "gn_weight", "one value per output channel");
-    check_vector(gn_bias, x, c_out, op, "gn_bias", "one value per output channel");
+    kb::check_channel_vector(conv_bias, x, c_out, op, "conv_bias", "one value per output channel");
+    kb::check_channel_vector(gn_weight, x, c_out, op, "gn_weight", "one value per output channel");
+    kb::check_channel_vector(gn_bias, x, c_out, op, "gn_bias", "one value per output channel");
     check_groups(c_out, num_groups, eps, op);
     KB_CHECK(smem_limit >= 0, op, ": smem_limit must be 0 (the device's limit) or a byte count, got ", smem_limit);
     torch::Tensor y = checked_out(x, N, c_out, out, op);
@@ -135,8 +107,8 @@ torch::Tensor p27_tail(const torch::Tensor& y, const std::optional<torch::Tensor
              p27_tail_max_channels(), ", got ", C);
     KB_CHECK(S >= 1, op, ": each channel needs at least one value, got y of shape ", kb::shape_str(y.sizes()));
     KB_CHECK(N <= INT_MAX, op, ": at most 2^31 - 1 samples, got ", N);
-    check_vector(gn_weight, y, C, op, "gn_weight", "one value per channel");
-    check_vector(gn_bias, y, C, op, "gn_bias", "one value per channel");
+    kb::check_channel_vector(gn_weight, y, C, op, "gn_weight", "one value per channel");
+    kb::check_channel_vector(gn_bias, y, C, op, "gn_bias", "one value per channel");
     check_groups(C, num_groups, eps, op);
     torch::Tensor o = checked_out(y, N, C, out, op);
     if (N == 0) return o;
@@ -154,7 +126,7 @@ pybind11::dict p27_config() {
     const int n = p27_constants(v, 16);
     const char* names[] = {"kernel_size", "channels_per_thread", "columns_per_thread", "window_columns",
                            "threads", "tail_threads", "kd_unroll", "stage_loads"};
-    TORCH_CHECK(n == static_cast<int>(sizeof(names) / sizeof(names[0])), "config: constants and names disagree");
+    KB_CHECK(n == static_cast<int>(sizeof(names) / sizeof(names[0])), "config: constants and names disagree");
     pybind11::dict d;
     for (int i = 0; i < n; ++i) d[names[i]] = v[i];
     return d;

@@ -25,6 +25,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "conv3d_gn_mean.h"
+
 namespace {
 
 constexpr int KS = 4;                 // filter size (the fused kernel is specialised for 4×4×4)

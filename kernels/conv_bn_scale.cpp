@@ -19,49 +19,16 @@
 #include <string>
 #include <vector>
 
+#include "conv_bn_scale.h"
 #include "torch_checks.h"
-
-// From conv_bn_scale.cu.
-int cbs_kernel_size();
-int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
-cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
-void cbs_config(int* out);
-int cbs_moments_max_channels();
-int64_t cbs_moments_workspace();
-int64_t cbs_guard_offset();
-double cbs_guard_kappa_max();
-cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                                  const float* beta, float* running_mean, float* running_var,
-                                  int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
-                                  float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale,
-                                  cudaStream_t stream);
-cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
-                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
-                                   cudaStream_t stream);
-cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                                     const float* beta, float* running_mean, float* running_var,
-                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
-                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, cudaStream_t stream);
-int64_t bn_max_plane();
-cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, cudaStream_t stream);
-cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                             const float* beta, float* running_mean, float* running_var,
-                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
-                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, cudaStream_t stream);
 
 namespace {
 
 // Validates x (N, C_in, H, W), weight (C_out, C_in, 3, 3) and bias (C_out or None); returns the output's shape.
 std::vector<int64_t> checked_shape(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
                                    const std::optional<torch::Tensor>& bias) {
-    KB_CHECK(x.dim() == 4, op, ": x must be 4-D (N, C_in, H, W), got ", x.dim(), "-D shape ",
-             kb::shape_str(x.sizes()));
-    KB_CHECK(weight.dim() == 4, op, ": weight must be 4-D (C_out, C_in, 3, 3), got ", weight.dim(), "-D shape ",
-             kb::shape_str(weight.sizes()));
+    kb::check_dim(x, 4, "(N, C_in, H, W)", op, "x");
+    kb::check_dim(weight, 4, "(C_out, C_in, 3, 3)", op, "weight");
     kb::check_tensor(x, op, "x");
     kb::check_tensor(weight, op, "weight");
     if (bias) kb::check_tensor(*bias, op, "bias");
@@ -69,10 +36,7 @@ std::vector<int64_t> checked_shape(const char* op, const torch::Tensor& x, const
     if (bias) kb::check_same_device(x, *bias, op, "x", "bias");
     const int64_t c_in = x.size(1), h = x.size(2), w = x.size(3), c_out = weight.size(0);
     const int k = cbs_kernel_size();
-    KB_CHECK(weight.size(1) == c_in, op, ": weight has ", weight.size(1), " input channels but x has ", c_in,
-             " (weight ", kb::shape_str(weight.sizes()), ", x ", kb::shape_str(x.sizes()), ")");
-    KB_CHECK(weight.size(2) == k && weight.size(3) == k, op, ": the kernel is specialised for ", k, "x", k,
-             " filters, got weight ", kb::shape_str(weight.sizes()));
+    kb::check_conv_weight(x, weight, k, op, "weight", "kernel");
     KB_CHECK(c_out >= 1, op, ": weight must have at least one output channel, got ", kb::shape_str(weight.sizes()));
     KB_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == c_out), op, ": bias must have shape [", c_out,
              "] (one value per output channel), got ", bias ? kb::shape_str(bias->sizes()) : std::string("None"));
@@ -104,10 +68,7 @@ torch::Tensor checked_output(const char* op, const torch::Tensor& x, const torch
 void check_channel_vector(const char* op, const std::optional<torch::Tensor>& t, const torch::Tensor& x,
                           const torch::Tensor& y, const char* name) {
     if (!t) return;
-    kb::check_tensor(*t, op, name);
-    kb::check_same_device(x, *t, op, "x", name);
-    KB_CHECK(t->dim() == 1 && t->size(0) == y.size(1), op, ": ", name, " must have shape [", y.size(1),
-             "] (one value per output channel), got ", kb::shape_str(t->sizes()));
+    kb::check_channel_vector(t, x, y.size(1), op, name, "one value per output channel");
     kb::check_no_overlap(*t, y, op, name, "out");
 }
 
@@ -153,20 +114,9 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     check_channel_vector(op, bn_b, x, y, "bn_b");
     check_channel_vector(op, running_mean, x, y, "running_mean");
     check_channel_vector(op, running_var, x, y, "running_var");
-    const bool tracking = running_mean.has_value();
-    KB_CHECK(running_var.has_value() == tracking && num_batches_tracked.has_value() == tracking, op,
-             ": running_mean, running_var and num_batches_tracked must be given together or all be None");
-    if (tracking) {
-        const auto& nbt = *num_batches_tracked;
-        kb::check_tensor(nbt, op, "num_batches_tracked", torch::kInt64);
-        kb::check_same_device(x, nbt, op, "x", "num_batches_tracked");
-        KB_CHECK(nbt.numel() == 1, op, ": num_batches_tracked must hold one value, got ", nbt.numel());
-    }
-    KB_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0), op, ": momentum must be in [0, 1] or None, got ",
-             momentum ? *momentum : 0.0);
-    KB_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
+    const bool tracking = kb::check_bn_training(running_mean, running_var, num_batches_tracked, momentum, eps, x, op);
     const int64_t N = y.size(0), C = y.size(1), HW = y.size(2) * y.size(3);
-    KB_CHECK(HW <= bn_max_plane(), op, ": output planes of more than ", bn_max_plane(),
+    KB_CHECK(HW <= cbs_max_plane(), op, ": output planes of more than ", cbs_max_plane(),
              " values (H*W) are not supported, got ", HW);
     KB_CHECK(N * C <= INT_MAX, op, ": at most 2^31 - 1 output planes (N*C_out) are supported, got ", N * C);
     if (N == 0) {  // an empty batch: like nn.BatchNorm2d, an empty output, and the batch is still counted

@@ -11,8 +11,8 @@
 //                           block to finish merges them in double, writes the per-channel map
 //                           y ← (y − mean)·γs/√(var + ε) + βs and updates the running statistics exactly
 //                           as nn.BatchNorm2d does. Then an in-place apply kernel normalises y (chapter 1's
-//                           apply arithmetic and grid from bn_train.cu, included below, not copied; its own
-//                           kernel is not used with x == y: it reads through const __restrict__ pointers).
+//                           finalize, apply arithmetic and grid, shared through bn_stats.cuh, not copied; chapter
+//                           1's apply kernel is not used with x == y: it reads through const __restrict__ pointers).
 // Training mode therefore moves the output three times (write, read, write: 3 × 520 MB for P73) against
 // computing the convolution twice (notes/conv_bn_train.md counts both). The default training strategy
 // avoids both: conv_moments.cuh computes the batch statistics from the input's moments (no convolution, no
@@ -31,7 +31,8 @@
 #include <climits>
 #include <cstdint>
 
-#include "bn_train.cu"  // chapter 1's Params, apply grid and per-element map (reused, not copied)
+#include "bn_stats.cuh"      // chapter 1's finalize, running-statistics update, apply map and grid (shared)
+#include "conv_bn_scale.h"
 #include "conv_moments.cuh"  // training statistics from the input's moments
 #include "welford.cuh"
 
@@ -299,21 +300,8 @@ __device__ void finish_stats(const Stats& st, const Shape& s, int slots) {
         }
         tot = kb::welford_warp_reduce(tot);
         if (lane != 0) continue;
-        const double mean = tot.mean;
-        const double var = tot.m2 / tot.n;                                   // biased: normalises this batch
-        const double invstd = 1.0 / sqrt(var + static_cast<double>(st.eps));
-        const double g = st.gamma ? static_cast<double>(st.gamma[c]) : 1.0;
-        const double be = st.beta ? static_cast<double>(st.beta[c]) : 0.0;
-        st.mab[c] = static_cast<float>(mean);
-        st.mab[s.C_out + c] = static_cast<float>(g * invstd * st.scale);
-        st.mab[2 * s.C_out + c] = static_cast<float>(be * st.scale);
-        if (st.running_mean) {
-            const double m = st.momentum >= 0.f ? static_cast<double>(st.momentum)
-                                                : 1.0 / static_cast<double>(*st.num_batches_tracked + 1);
-            const double var_unbiased = tot.m2 / (tot.n - 1.0);              // updates the running estimate
-            st.running_mean[c] = static_cast<float>((1.0 - m) * st.running_mean[c] + m * mean);
-            st.running_var[c] = static_cast<float>((1.0 - m) * st.running_var[c] + m * var_unbiased);
-        }
+        kb::bn_finish_channel(tot, c, s.C_out, st.mab, st.gamma, st.beta, st.running_mean, st.running_var,
+                              st.num_batches_tracked, st.momentum, st.eps, st.scale);  // bn_stats.cuh
     }
 }
 
@@ -494,7 +482,7 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
     return cudaGetLastError();
 }
 
-// y ← (y − m[c])·a[c] + b[c] in place over bn_train's apply work items, (plane (n, c), tile) = item / tiles,
+// y ← (y − m[c])·a[c] + b[c] in place over chapter 1's apply work items (bn_stats.cuh's grid), (plane (n, c), tile) = item / tiles,
 // item % tiles, walked by a grid of at most kApplyBlocksPerSM blocks per SM (so that a launch the guard
 // turns away costs a few hundred empty blocks, not one per item), and the batch counted
 // (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
@@ -502,9 +490,21 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
 // pointer, which nvcc compiles to ld.global.nc (the data must be read-only for the kernel's whole lifetime)
 // while the same kernel writes it. Here one pointer, not __restrict__, is read and then written.
 constexpr int kApplyBlocksPerSM = 8;  // 8 × 256 threads: a full SM
+constexpr int kThreads = kb::kBnThreads;
+constexpr int kUnroll = kb::kBnUnroll;
+using kb::normalise;
+using kb::Vec;
+
+// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map mab [3·C] (m, a, b).
+struct Apply {
+    float* y;
+    const float* mab;
+    int64_t* num_batches_tracked;  // or null; counted here
+    int64_t N, C, HW;
+};
 
 template <int V>
-__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p, int64_t items, int64_t tiles,
+__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Apply p, int64_t items, int64_t tiles,
                                                                  const unsigned* guard) {
     if (guard != nullptr && *guard != 1u) return;  // "auto" chose the moments
     using VT = typename Vec<V>::T;
@@ -531,9 +531,10 @@ __global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p, int64
 }
 
 // guard: null, or run only when *guard == 1 ("auto" chose the in-place path).
-cudaError_t launch_apply_inplace(const Params& p, const unsigned* guard, cudaStream_t stream) {
+cudaError_t launch_apply_inplace(const Apply& p, const unsigned* guard, cudaStream_t stream) {
+    const bool vec4 = kb::bn_vec4(p.y, p.y, p.HW);
     dim3 grid;
-    if (!apply_grid(p, &grid)) return cudaErrorInvalidValue;
+    if (!kb::bn_apply_grid(p.N, p.C, p.HW, vec4 ? 4 : 1, &grid)) return cudaErrorInvalidValue;
     int device = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -541,7 +542,7 @@ cudaError_t launch_apply_inplace(const Params& p, const unsigned* guard, cudaStr
     const int64_t tiles = grid.y, items = static_cast<int64_t>(grid.x) * grid.y;
     const int64_t cap = static_cast<int64_t>(sms > 0 ? sms : 1) * kApplyBlocksPerSM;
     const unsigned blocks = static_cast<unsigned>(items < cap ? items : cap);
-    if (use_vec4(p))
+    if (vec4)
         apply_inplace_kernel<4><<<blocks, kThreads, 0, stream>>>(p, items, tiles, guard);
     else
         apply_inplace_kernel<1><<<blocks, kThreads, 0, stream>>>(p, items, tiles, guard);
@@ -552,6 +553,9 @@ cudaError_t launch_apply_inplace(const Params& p, const unsigned* guard, cudaStr
 
 // The kernels' filter size (the binding names it when given another).
 int cbs_kernel_size() { return cbs::K3; }
+
+// The largest output plane (HO·WO floats) the in-place apply's grid covers.
+int64_t cbs_max_plane() { return kb::bn_apply_max_plane(); }
 
 // Tiles of the output; the binding checks the count fits 31 bits.
 int64_t cbs_tiles(int64_t N, int H, int W, int C_out) {
@@ -609,10 +613,9 @@ cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64
 bool inplace_ok(int64_t N, int H, int W, int C_out, int64_t slots, float* y) {
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles > INT_MAX || slots <= 0 || slots % WROWS != 0 || slots / WROWS > tiles) return false;
-    Params p{};
-    p.x = y; p.y = y; p.N = N; p.C = C_out; p.HW = static_cast<int64_t>(H - K3 + 1) * (W - K3 + 1);
+    const int64_t HW = static_cast<int64_t>(H - K3 + 1) * (W - K3 + 1);
     dim3 grid;
-    return apply_grid(p, &grid);
+    return kb::bn_apply_grid(N, C_out, HW, kb::bn_vec4(y, y, HW) ? 4 : 1, &grid);
 }
 
 // The in-place strategy; with a guard, only when *guard == 1 ("auto" chose it).
@@ -624,11 +627,7 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
     Shape s = make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(cbs_tiles(N, H, W, C_out));
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
-    // The in-place apply's parameters (bn_train's Params and grid, x == y).
-    Params p{};
-    p.x = y; p.y = y; p.weight = gamma; p.bias = beta; p.running_mean = running_mean;
-    p.running_var = running_var; p.num_batches_tracked = num_batches_tracked; p.mab = mab;
-    p.N = N; p.C = C_out; p.HW = HW; p.momentum = momentum; p.eps = eps; p.scale = scale;
+    const Apply p{y, mab, num_batches_tracked, N, C_out, HW};  // the in-place apply's parameters
     Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
              running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
     cudaError_t err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
@@ -639,7 +638,10 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
 // The moments' statistics and fold (conv_moments.cuh): four kernels, no convolution. acc: the workspace.
 cudaError_t moments_fold(const float* x, double* acc, const cbm::Finalize& f, int64_t N, int C_in, int H, int W,
                          cudaStream_t stream) {
-    using namespace cbm;
+    // cbm:: names spelled out: namespace cbs has its own THREADS, K3 and smem_bytes<bool> (the convolution's),
+    // which win over a using-directive's — an unqualified smem_bytes<16>() meant cbs::smem_bytes<true>() and
+    // launched the main kernel 21 KB of shared memory short (an out-of-bounds write that compute-sanitizer found).
+    using cbm::MShape, cbm::moments_main_kernel, cbm::ACC_DOUBLES, cbm::TCOLS;
     static int resident[64][2] = {};  // per device: {rows per tile, main-kernel blocks} (static: see resident_blocks)
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -650,16 +652,16 @@ cudaError_t moments_fold(const float* x, double* acc, const cbm::Finalize& f, in
         err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
         if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
         if (err != cudaSuccess) return err;
-        const bool wide = optin >= smem_bytes<16>();
+        const bool wide = optin >= cbm::smem_bytes<16>();
         err = wide ? cudaFuncSetAttribute(moments_main_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem_bytes<16>())
+                                          cbm::smem_bytes<16>())
                    : cudaFuncSetAttribute(moments_main_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem_bytes<8>());
+                                          cbm::smem_bytes<8>());
         if (err == cudaSuccess)
-            err = wide ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<16>, THREADS,
-                                                                       smem_bytes<16>())
-                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<8>, THREADS,
-                                                                       smem_bytes<8>());
+            err = wide ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<16>, cbm::THREADS,
+                                                                       cbm::smem_bytes<16>())
+                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<8>, cbm::THREADS,
+                                                                       cbm::smem_bytes<8>());
         if (err != cudaSuccess) return err;
         cfg[0] = wide ? 16 : 8;
         cfg[1] = sms * (per_sm > 0 ? per_sm : 1);
@@ -672,12 +674,12 @@ cudaError_t moments_fold(const float* x, double* acc, const cbm::Finalize& f, in
     if (err != cudaSuccess) return err;
     const int grid = static_cast<int>(s.tiles < cfg[1] ? s.tiles : cfg[1]);
     if (band == 16)
-        moments_main_kernel<16><<<grid, THREADS, smem_bytes<16>(), stream>>>(x, s, acc);
+        moments_main_kernel<16><<<grid, cbm::THREADS, cbm::smem_bytes<16>(), stream>>>(x, s, acc);
     else
-        moments_main_kernel<8><<<grid, THREADS, smem_bytes<8>(), stream>>>(x, s, acc);
-    moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), E_THREADS, 0, stream>>>(x, s, acc);
-    moments_cov_kernel<<<C_in * K3 * K3, 128, 0, stream>>>(s, acc, f);
-    moments_fold_kernel<<<f.C_out, F_THREADS, 0, stream>>>(x, s, acc, f);
+        moments_main_kernel<8><<<grid, cbm::THREADS, cbm::smem_bytes<8>(), stream>>>(x, s, acc);
+    cbm::moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), cbm::E_THREADS, 0, stream>>>(x, s, acc);
+    cbm::moments_cov_kernel<<<C_in * cbm::K3 * cbm::K3, 128, 0, stream>>>(s, acc, f);
+    cbm::moments_fold_kernel<<<f.C_out, cbm::F_THREADS, 0, stream>>>(x, s, acc, f);
     return cudaGetLastError();
 }
 

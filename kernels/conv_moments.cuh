@@ -14,8 +14,9 @@
 //   * the edge kernel sums Z along rows {0, 1, H−2, H−1} and columns {0, 1, W−2, W−1}, and the 16 corners;
 //   * the cov kernel forms each window's sum by inclusion–exclusion, then m and Σ (in double);
 //   * the fold kernel computes mean_c and var_c, updates the running statistics as nn.BatchNorm2d does, and
-//     folds BN and the scale into the weights:
-//     w'_c = w_c·γ_c·s/√(var_c+ε), b'_c = (bias_c − mean_c)·γ_c·s/√(var_c+ε) + β_c·s.
+//     folds BN and the scale into the weights (the finalize and the update are bn_stats.cuh's, shared with
+//     chapter 1 and the in-place path): with a_c = γ_c·(1/√(var_c+ε))·s,
+//     w'_c = w_c·a_c, b'_c = (bias_c − mean_c)·a_c + β_c·s.
 // The convolution then runs once, on w', b' (the eval kernel), and writes the final output.
 //
 // Numerics (chapter 5): the covariance is invariant to shifting each input channel, so every value is read as
@@ -36,6 +37,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "bn_stats.cuh"
 
 namespace cbm {
 
@@ -388,9 +391,7 @@ __global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __re
     if (threadIdx.x == 0) {
         ws[MEAN_OFFSET + u] = mu;
         if (u == 0) {
-            double m = f.momentum;
-            if (m < 0.0 && f.num_batches_tracked) m = 1.0 / static_cast<double>(*f.num_batches_tracked + 1);
-            ws[FACTOR_OFFSET] = m;
+            ws[FACTOR_OFFSET] = kb::bn_running_weight(f.momentum, f.num_batches_tracked);
             if (f.guard) { f.guard[0] = 0u; f.guard[1] = 0u; }
         }
     }
@@ -442,16 +443,17 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     // end excerpt: guard
     const double bias = f.bias ? f.bias[c] : 0.0;
     mu += bias;
-    const double g = f.gamma ? f.gamma[c] : 1.0, bt = f.beta ? f.beta[c] : 0.0;
-    const double a = g * f.scale / sqrt(var + f.eps);
+    const kb::BnMap map = kb::bn_map(mu, var, f.eps, f.gamma, f.beta, c, f.scale);  // bn_stats.cuh
+    const double a = map.a;
     for (int v = threadIdx.x; v < K; v += F_THREADS)
         f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
     if (threadIdx.x == 0) {
-        f.b_fold[c] = static_cast<float>((bias - mu) * a + bt * f.scale);
+        f.b_fold[c] = static_cast<float>((bias - mu) * a + map.b);
         if (f.running_mean) {
             const double m = ws[FACTOR_OFFSET];
-            const float rm = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
-            const float rv = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
+            const double var_unbiased = var * M / (M - 1.0);
+            const float rm = kb::bn_running(m, f.running_mean[c], mu);
+            const float rv = kb::bn_running(m, f.running_var[c], var_unbiased);
             if (f.staged) {  // "auto": committed by moments_commit_kernel only if the guard stays 0
                 f.staged[c] = rm;
                 f.staged[f.C_out + c] = rv;

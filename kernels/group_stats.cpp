@@ -13,15 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "group_stats.h"
 #include "torch_checks.h"
-
-// From group_stats.cu.
-int group_stats_splits(int64_t rows, int64_t L, int sm_count);
-cudaError_t launch_group_stats(const float* x, float* mean, float* var, float* partial, int64_t rows, int64_t L,
-                               int splits, int algo, cudaStream_t stream);
-cudaError_t launch_group_norm_apply(const float* x, float* y, const float* mean, const float* var, const float* weight,
-                                    const float* bias, int64_t N, int64_t C, int64_t G, int64_t S, float eps,
-                                    cudaStream_t stream);
 
 namespace {
 
@@ -86,15 +79,6 @@ void run_stats(const torch::Tensor& x, const Shape& s, torch::Tensor& mean, torc
                      op);
 }
 
-void check_channel_vector(const std::optional<torch::Tensor>& t, const torch::Tensor& x, int64_t C, const char* op,
-                          const char* name) {
-    if (!t) return;
-    kb::check_tensor(*t, op, name);
-    kb::check_same_device(x, *t, op, "x", name);
-    KB_CHECK(t->dim() == 1 && t->size(0) == C, op, ": ", name, " must have shape [", C,
-             "] (one value per channel of x), got ", kb::shape_str(t->sizes()));
-}
-
 }  // namespace
 
 // (mean, biased variance), each (N, groups), of the (C/groups)·S values of every (sample, group).
@@ -117,8 +101,8 @@ std::vector<torch::Tensor> group_norm(const torch::Tensor& x, int64_t groups, co
                                       const std::optional<torch::Tensor>& out) {
     constexpr const char* op = "group_norm";
     const Shape s = check_input(x, groups, op);
-    check_channel_vector(weight, x, s.C, op, "weight");
-    check_channel_vector(bias, x, s.C, op, "bias");
+    kb::check_channel_vector(weight, x, s.C, op, "weight", "one value per channel of x");
+    kb::check_channel_vector(bias, x, s.C, op, "bias", "one value per channel of x");
     KB_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
     KB_CHECK(s.N * s.C <= INT_MAX, op, ": at most 2^31 - 1 planes (N*C) are supported, got ", s.N * s.C);
     torch::Tensor y;

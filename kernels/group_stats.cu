@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "group_stats.h"
 #include "welford.cuh"
 
 namespace {

@@ -13,14 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "mappings.h"
 #include "torch_checks.h"
-
-// From mappings.cu.
-int mappings_max_channels();
-int mappings_flat_threads();
-int mappings_unroll();
-cudaError_t launch_affine(int mapping, const float* x, float* y, const float* a, const float* b, int64_t n,
-                          int64_t c, int64_t h, int64_t w, cudaStream_t stream);
 
 namespace {
 
@@ -66,7 +60,7 @@ std::map<std::string, int64_t> config() {
 torch::Tensor affine(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
                      const std::string& mapping, const std::optional<torch::Tensor>& out) {
     const int m = mapping_number(mapping);
-    KB_CHECK(x.dim() == 4, kOp, ": x must be 4-D (N, C, H, W), got ", x.dim(), "-D shape ", kb::shape_str(x.sizes()));
+    kb::check_dim(x, 4, "(N, C, H, W)", kOp, "x");
     kb::check_tensor(x, kOp, "x");
     const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
     KB_CHECK(c >= 1 && c <= mappings_max_channels(), kOp, ": x must have 1 to ", mappings_max_channels(),

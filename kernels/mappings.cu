@@ -17,6 +17,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "mappings.h"
+
 namespace {
 
 constexpr int kMaxChannels = 256;  // P73 has 64; the parameter block holds 2 × 256 floats = 2 KiB (limit 4 KiB)

@@ -5,11 +5,8 @@
 
 #include <cstdint>
 
+#include "scale.h"
 #include "torch_checks.h"
-
-// From scale.cu.
-cudaError_t launch_scale(const float* x, float* y, float s, int64_t n, cudaStream_t stream);
-void scale_config(int* threads, int* unroll, int* vec_bytes);
 
 // The kernel's tiling constants: threads per block, float4 loads per thread, bytes per vector access.
 pybind11::dict config() {

@@ -17,6 +17,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "scale.h"
+
 namespace {
 
 constexpr int kThreads = 256;                           // 8 warps per block

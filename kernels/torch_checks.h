@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -90,6 +91,61 @@ inline void check_no_overlap(const torch::Tensor& in, const torch::Tensor& out, 
     const int64_t nb = out.numel() * static_cast<int64_t>(out.element_size());
     KB_CHECK(na == 0 || nb == 0 || b + nb <= a || a + na <= b, op, ": ", out_name, " must not overlap ", in_name,
                 " (the kernel's pointers are __restrict__)");
+}
+
+// A tensor of `dims` dimensions, named by their layout in the message ("(N, C, H, W)").
+inline void check_dim(const torch::Tensor& t, int64_t dims, const char* layout, const char* op, const char* name) {
+    KB_CHECK(t.dim() == dims, op, ": ", name, " must be ", dims, "-D ", layout, ", got ", t.dim(), "-D shape ",
+             shape_str(t.sizes()));
+}
+
+// An optional per-channel vector (None passes): float32, contiguous, on x's device, of shape [C]; `what` says
+// what its values are ("one value per channel of x", "one value per output channel").
+inline void check_channel_vector(const std::optional<torch::Tensor>& t, const torch::Tensor& x, int64_t C,
+                                 const char* op, const char* name, const char* what) {
+    if (!t) return;
+    check_tensor(*t, op, name);
+    check_same_device(x, *t, op, "x", name);
+    KB_CHECK(t->dim() == 1 && t->size(0) == C, op, ": ", name, " must have shape [", C, "] (", what, "), got ",
+             shape_str(t->sizes()));
+}
+
+// A convolution's weight (C_out, C_in, k, …, k) against x (N, C_in, …): the input channels agree, and every filter
+// dimension is k, the size `kernel` (named in the message: "kernel", "fused kernel") is specialised for.
+inline void check_conv_weight(const torch::Tensor& x, const torch::Tensor& weight, int64_t k, const char* op,
+                              const char* name, const char* kernel) {
+    KB_CHECK(weight.size(1) == x.size(1), op, ": ", name, " has ", weight.size(1), " input channels but x has ",
+             x.size(1), " (", name, " ", shape_str(weight.sizes()), ", x ", shape_str(x.sizes()), ")");
+    bool ok = true;
+    std::string filter;
+    for (int64_t d = 2; d < weight.dim(); ++d) {
+        ok = ok && weight.size(d) == k;
+        filter += (d > 2 ? "x" : "") + std::to_string(k);
+    }
+    KB_CHECK(ok, op, ": the ", kernel, " is specialised for ", filter, " filters, got ", name, " ",
+             shape_str(weight.sizes()));
+}
+
+// BatchNorm's training arguments: running_mean, running_var and num_batches_tracked all given or all None (the
+// first two already checked as channel vectors), the counter an int64 scalar on x's device, momentum in [0, 1]
+// or None, eps ≥ 0. Returns whether the running statistics are tracked.
+inline bool check_bn_training(const std::optional<torch::Tensor>& running_mean,
+                              const std::optional<torch::Tensor>& running_var,
+                              const std::optional<torch::Tensor>& num_batches_tracked, std::optional<double> momentum,
+                              double eps, const torch::Tensor& x, const char* op) {
+    const bool tracking = running_mean.has_value();
+    KB_CHECK(running_var.has_value() == tracking && num_batches_tracked.has_value() == tracking, op,
+             ": running_mean, running_var and num_batches_tracked must be given together or all be None");
+    if (tracking) {
+        const auto& nbt = *num_batches_tracked;
+        check_tensor(nbt, op, "num_batches_tracked", torch::kInt64);
+        check_same_device(x, nbt, op, "x", "num_batches_tracked");
+        KB_CHECK(nbt.numel() == 1, op, ": num_batches_tracked must hold one value, got ", nbt.numel());
+    }
+    KB_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0), op, ": momentum must be in [0, 1] or None, got ",
+             momentum ? *momentum : 0.0);
+    KB_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
+    return tracking;
 }
 
 inline void check_launch(cudaError_t err, const char* op) {

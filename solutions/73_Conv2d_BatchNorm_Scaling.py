@@ -38,8 +38,8 @@ CUDA_SRC = r'''
 //                           block to finish merges them in double, writes the per-channel map
 //                           y ← (y − mean)·γs/√(var + ε) + βs and updates the running statistics exactly
 //                           as nn.BatchNorm2d does. Then an in-place apply kernel normalises y (chapter 1's
-//                           apply arithmetic and grid from bn_train.cu, included below, not copied; its own
-//                           kernel is not used with x == y: it reads through const __restrict__ pointers).
+//                           finalize, apply arithmetic and grid, shared through bn_stats.cuh, not copied; chapter
+//                           1's apply kernel is not used with x == y: it reads through const __restrict__ pointers).
 // Training mode therefore moves the output three times (write, read, write: 3 × 520 MB for P73) against
 // computing the convolution twice (notes/conv_bn_train.md counts both). The default training strategy
 // avoids both: conv_moments.cuh computes the batch statistics from the input's moments (no convolution, no
@@ -57,34 +57,23 @@ CUDA_SRC = r'''
 
 #include <climits>
 #include <cstdint>
-// ---- begin bn_train.cu (inlined by scripts/make_solutions.py) ----
-// bn_train.cu — BatchNorm2d followed by a scale factor, fused: y = BN(x)·s, NCHW float32.
+// ---- begin bn_stats.cuh (inlined by scripts/make_solutions.py) ----
+// bn_stats.cuh — training-mode BatchNorm statistics, shared by chapter 1 (bn_train.cu), chapter 6's in-place
+// path (conv_bn_scale.cu) and the moments' fold (conv_moments.cuh): one definition of each step.
 //
-// Training mode (what PyTorch does when the module was never put in .eval()):
-//   1. bn_stats_kernel: one read of x. Block (c, s) summarises slice s of channel c as a Welford
-//      state (count, mean, M2), merged with Chan's formula across the thread's registers, the warp
-//      (shuffles), the block (shared memory) and, by the last block of each channel to finish, across
-//      blocks — in double. That block then writes the channel's map y = (x − m)·a + b,
-//          m = mean,  a = γ·s/√(var + ε),  b = β·s,   var the *biased* batch variance,
-//      and updates the running statistics in place: running_mean ← (1−m)·running_mean + m·mean and
-//      running_var ← (1−m)·running_var + m·var_unbiased (m = momentum, or 1/(batches + 1) when
-//      momentum is None: PyTorch's cumulative average).
-//   2. bn_apply_kernel: one read of x and one write of y, y = (x − m[c])·a[c] + b[c] (a subtraction
-//      and an FMA per element: subtracting first keeps the error relative to y, not to x, even
-//      when the mean dwarfs the spread; folding m into b would save one instruction and lose that);
-//      block (0, 0) also counts the batch (num_batches_tracked += 1).
-// Eval mode is step 2 alone, with a and b computed per block from the running statistics.
-//
-// Memory traffic in training mode: 3 passes over the tensor (read, read, write) — the minimum for a
-// batch-norm that is handed the tensor: its statistics must be known before the first output is
-// written. (Fused with the convolution that produces x, the statistics can also come from recomputing
-// the convolution or from the input's moments; chapter 6 does the latter.)
-//
-// The stats grid is sized by the occupancy API (bn_stats_resident_blocks): at most one wave.
+//   finalize   batch mean and biased variance → the per-channel map y = (x − m)·a + b of BN followed by ·s:
+//                  m = mean,  a = γ·(1/√(var + ε))·s,  b = β·s          (in double; γ = 1, β = 0 when absent)
+//   running    nn.BatchNorm2d's update of the running statistics, with momentum m or, for momentum None,
+//              the cumulative average m = 1/(num_batches_tracked + 1):
+//                  running ← (1 − m)·running + m·batch   (the mean; the *unbiased* variance)
+//   apply      the map per element: a subtraction and an FMA, fmaf(x − m, a, b) (subtracting first keeps the
+//              error relative to y, not to x, even when the mean dwarfs the spread), and the grid of the apply
+//              kernels: one block per (plane, tile of kBnThreads·kBnUnroll work items).
+
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 // ---- begin welford.cuh (inlined by scripts/make_solutions.py) ----
 // welford.cuh — mean and variance by (count, mean, M2) states merged with Chan's formula.
@@ -170,289 +159,158 @@ __device__ __forceinline__ Welford<T> welford_block_reduce(Welford<T> s, Welford
 }  // namespace kb
 // ---- end welford.cuh ----
 
-namespace {
+namespace kb {
 
-constexpr int kThreads = 256;   // 8 warps
-constexpr int kUnroll = 4;      // vector loads in flight per thread per loop trip
-// The stats grid is at most one wave: as many blocks as the GPU holds at once, as the occupancy API
-// reports for bn_stats_kernel's registers and shared memory (bn_stats_resident_blocks), never a guess.
-// A block's state counts its values in float: keep each block's share under 2^24 values.
-constexpr int64_t kMaxValuesPerBlock = int64_t{1} << 22;
+// ---- finalize -------------------------------------------------------------------------------------------
+
+// y = (x − m)·a + b for one channel.
+struct BnMap {
+    double m, a, b;
+};
+
+// The map of channel c from its batch mean and biased variance (gamma, beta: null for γ = 1, β = 0).
+__host__ __device__ __forceinline__ BnMap bn_map(double mean, double var, float eps, const float* gamma,
+                                                 const float* beta, int64_t c, float scale) {
+    const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
+    const double g = gamma ? static_cast<double>(gamma[c]) : 1.0;
+    const double be = beta ? static_cast<double>(beta[c]) : 0.0;
+    return BnMap{mean, g * invstd * scale, be * scale};
+}
+
+// ---- running statistics ---------------------------------------------------------------------------------
+
+// The weight of this batch: momentum, or (momentum < 0: None) the cumulative average 1/(batches + 1), read
+// before the batch is counted. Without a counter, momentum is returned as is.
+__host__ __device__ __forceinline__ double bn_running_weight(float momentum, const int64_t* num_batches_tracked) {
+    if (momentum >= 0.f || num_batches_tracked == nullptr) return static_cast<double>(momentum);
+    return 1.0 / static_cast<double>(*num_batches_tracked + 1);
+}
+
+// One running statistic updated with weight m: (1 − m)·running + m·batch.
+__host__ __device__ __forceinline__ float bn_running(double m, float running, double batch) {
+    return static_cast<float>((1.0 - m) * running + m * batch);
+}
+
+// Training-mode finalize of channel c from its merged Welford state (in double): the map into mab ([3·C]: all
+// m, then all a, then all b) and, when running_mean is given, the running statistics updated in place.
+// Returns the biased batch variance.
+__device__ __forceinline__ double bn_finish_channel(const Welford<double>& tot, int64_t c, int64_t C, float* mab,
+                                                    const float* gamma, const float* beta, float* running_mean,
+                                                    float* running_var, const int64_t* num_batches_tracked,
+                                                    float momentum, float eps, float scale) {
+    const double var = tot.m2 / tot.n;  // biased: normalises this batch
+    const BnMap map = bn_map(tot.mean, var, eps, gamma, beta, c, scale);
+    mab[c] = static_cast<float>(map.m);
+    mab[C + c] = static_cast<float>(map.a);
+    mab[2 * C + c] = static_cast<float>(map.b);
+    if (running_mean) {
+        const double m = bn_running_weight(momentum, num_batches_tracked);
+        const double var_unbiased = tot.m2 / (tot.n - 1.0);  // updates the running estimate
+        running_mean[c] = bn_running(m, running_mean[c], tot.mean);
+        running_var[c] = bn_running(m, running_var[c], var_unbiased);
+    }
+    return var;
+}
+
+// ---- apply ----------------------------------------------------------------------------------------------
+
+constexpr int kBnThreads = 256;  // threads per block of the apply kernels (8 warps)
+constexpr int kBnUnroll = 4;     // vector loads in flight per thread
 
 template <int V> struct Vec;
 template <> struct Vec<4> { using T = float4; };
 template <> struct Vec<1> { using T = float; };
 
-__device__ __forceinline__ void unpack(const float4& v, float* out) { out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w; }
-__device__ __forceinline__ void unpack(const float& v, float* out) { out[0] = v; }
 __device__ __forceinline__ float4 normalise(float4 v, float m, float a, float b) {
     return make_float4(fmaf(v.x - m, a, b), fmaf(v.y - m, a, b), fmaf(v.z - m, a, b), fmaf(v.w - m, a, b));
 }
 __device__ __forceinline__ float normalise(float v, float m, float a, float b) { return fmaf(v - m, a, b); }
 
-struct Params {
-    const float* x;
-    float* y;
-    const float* weight;        // γ, or null (affine=False: γ = 1)
-    const float* bias;          // β, or null (β = 0)
-    float* running_mean;        // or null (track_running_stats=False)
-    float* running_var;
-    int64_t* num_batches_tracked;  // or null
-    float* mean_out;            // [C] batch mean (training), for the caller
-    float* var_out;             // [C] biased batch variance (training)
-    float* mab;                 // [3C] workspace: m, a, b per channel (see the top of the file)
-    kb::Welford<float>* partial;// [C * splits] workspace: one state per stats block
-    unsigned* arrivals;         // [C] counters, zeroed by the caller: stats blocks of each channel done
-    int64_t N, C, HW;
-    int splits;                 // stats blocks per channel
-    float momentum;             // < 0: cumulative average (momentum=None)
-    float eps, scale;
-};
+inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-// Work items (V floats each) of channel c, numbered j = n·(HW/V) + w, live at plane (n, c), item w.
-template <int V>
-__global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
-    using VT = typename Vec<V>::T;
-    __shared__ kb::Welford<float> scratch[kThreads / 32];
-    __shared__ bool last;
-    const int c = blockIdx.x;
-    const int s = blockIdx.y;
-    const int64_t items_per_plane = p.HW / V;
-    const int64_t items = p.N * items_per_plane;
-    const int64_t chunk = (items + p.splits - 1) / p.splits;
-    const int64_t begin = s * chunk;
-    const int64_t end = begin + chunk < items ? begin + chunk : items;
+// The float4 path when every plane of HW floats starts on a 16-byte boundary.
+inline bool bn_vec4(const float* x, const float* y, int64_t HW) { return HW % 4 == 0 && aligned16(x) && aligned16(y); }
 
-    // (n, w) of this thread's first item; then step by kThreads items = dn planes and dw items.
-    int64_t j = begin + threadIdx.x;
-    int64_t n = j / items_per_plane, w = j - n * items_per_plane;
-    const int64_t dn = kThreads / items_per_plane, dw = kThreads % items_per_plane;
-    const VT* __restrict__ x = reinterpret_cast<const VT*>(p.x);
-    kb::Welford<float> st{0.f, 0.f, 0.f};
-    // excerpt: stats_loop
-    while (j < end) {
-        float v[kUnroll * V];
-        int k = 0;  // values loaded this trip
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            if (j < end) {
-                unpack(x[(n * p.C + c) * items_per_plane + w], v + u * V);
-                k += V;
-                j += kThreads;
-                n += dn;
-                w += dw;
-                if (w >= items_per_plane) { w -= items_per_plane; ++n; }
-            }
-        }
-        kb::welford_merge(st, kb::welford_of(v, k));
-    }
-    st = kb::welford_block_reduce(st, scratch);
-    // end excerpt: stats_loop
-
-    // excerpt: last_block
-    if (threadIdx.x == 0) {
-        p.partial[c * p.splits + s] = st;
-        __threadfence();  // publish the state before announcing it
-        last = atomicAdd(&p.arrivals[c], 1u) == static_cast<unsigned>(p.splits) - 1;
-    }
-    __syncthreads();
-    if (!last || threadIdx.x >= 32) return;
-
-    // The last block of channel c: warp 0 merges the channel's states in double precision.
-    __threadfence();
-    kb::Welford<double> tot{0.0, 0.0, 0.0};
-    for (int i = threadIdx.x; i < p.splits; i += 32) {
-        const kb::Welford<float>* q = p.partial + c * p.splits + i;
-        const kb::Welford<double> b{__ldcg(&q->n), __ldcg(&q->mean), __ldcg(&q->m2)};
-        kb::welford_merge(tot, b);
-    }
-    tot = kb::welford_warp_reduce(tot);
-    if (threadIdx.x != 0) return;
-    // end excerpt: last_block
-
-    const double mean = tot.mean;
-    const double var = tot.m2 / tot.n;                                   // biased: normalises this batch
-    const double invstd = 1.0 / sqrt(var + static_cast<double>(p.eps));
-    const double g = p.weight ? static_cast<double>(p.weight[c]) : 1.0;
-    const double be = p.bias ? static_cast<double>(p.bias[c]) : 0.0;
-    p.mab[c] = static_cast<float>(mean);
-    p.mab[p.C + c] = static_cast<float>(g * invstd * p.scale);
-    p.mab[2 * p.C + c] = static_cast<float>(be * p.scale);
-    p.mean_out[c] = static_cast<float>(mean);
-    p.var_out[c] = static_cast<float>(var);
-    if (p.running_mean) {
-        const double m = p.momentum >= 0.f
-            ? static_cast<double>(p.momentum)
-            : 1.0 / static_cast<double>(*p.num_batches_tracked + 1);      // cumulative average
-        const double var_unbiased = tot.m2 / (tot.n - 1.0);              // updates the running estimate
-        p.running_mean[c] = static_cast<float>((1.0 - m) * p.running_mean[c] + m * mean);
-        p.running_var[c] = static_cast<float>((1.0 - m) * p.running_var[c] + m * var_unbiased);
-    }
-}
-
-// y = (x − m[c])·a[c] + b[c] over plane (n, c) = blockIdx.x, tile blockIdx.y of kThreads·kUnroll items.
-template <int V, bool kEval>
-__global__ void __launch_bounds__(kThreads) bn_apply_kernel(Params p) {
-    using VT = typename Vec<V>::T;
-    const int64_t plane = blockIdx.x;
-    const int c = static_cast<int>(plane % p.C);
-    float m, a, b;
-    if (kEval) {  // from the running statistics (a handful of loads per block)
-        const float g = p.weight ? p.weight[c] : 1.f;
-        const float be = p.bias ? p.bias[c] : 0.f;
-        m = p.running_mean[c];
-        a = g * p.scale / sqrtf(p.running_var[c] + p.eps);
-        b = be * p.scale;
-    } else {
-        m = p.mab[c];
-        a = p.mab[p.C + c];
-        b = p.mab[2 * p.C + c];
-        if (plane == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked)
-            *p.num_batches_tracked += 1;  // after every stats block has read it (stream order)
-    }
-    const int64_t items_per_plane = p.HW / V;
-    const VT* __restrict__ x = reinterpret_cast<const VT*>(p.x) + plane * items_per_plane;
-    VT* __restrict__ y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
-    // excerpt: apply
-    const int64_t base = static_cast<int64_t>(blockIdx.y) * kThreads * kUnroll + threadIdx.x;
-    VT v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {  // all loads first (kUnroll in flight), then the stores
-        const int64_t i = base + u * kThreads;
-        if (i < items_per_plane) v[u] = x[i];
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-        const int64_t i = base + u * kThreads;
-        if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
-    }
-    // end excerpt: apply
-}
-
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-
-// float4 path when every plane starts on a 16-byte boundary.
-bool vec4_for(const float* x, const float* y, int64_t HW) { return HW % 4 == 0 && aligned16(x) && aligned16(y); }
-bool use_vec4(const Params& p) { return vec4_for(p.x, p.y, p.HW); }
-
-// The apply grid: one block per (plane, tile); planes in x (up to 2^31 − 1), tiles in y (up to 65535).
-bool apply_grid(const Params& p, dim3* grid) {
-    const int V = use_vec4(p) ? 4 : 1;
-    const int64_t tiles = (p.HW / V + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-    const int64_t planes = p.N * p.C;
+// The apply grid over N·C planes of HW floats (V per work item): planes in x (up to 2^31 − 1), tiles of
+// kBnThreads·kBnUnroll items in y (up to 65535). False when the shape does not fit.
+inline bool bn_apply_grid(int64_t N, int64_t C, int64_t HW, int V, dim3* grid) {
+    const int64_t tiles = (HW / V + kBnThreads * kBnUnroll - 1) / (kBnThreads * kBnUnroll);
+    const int64_t planes = N * C;
     if (planes > INT_MAX || tiles > 65535) return false;
     *grid = dim3(static_cast<unsigned>(planes), static_cast<unsigned>(tiles));
     return true;
 }
 
-cudaError_t launch_apply(const Params& p, bool eval, cudaStream_t stream) {
-    const int V = use_vec4(p) ? 4 : 1;
-    dim3 grid;
-    if (!apply_grid(p, &grid)) return cudaErrorInvalidValue;
-    if (V == 4 && eval) bn_apply_kernel<4, true><<<grid, kThreads, 0, stream>>>(p);
-    else if (V == 4) bn_apply_kernel<4, false><<<grid, kThreads, 0, stream>>>(p);
-    else if (eval) bn_apply_kernel<1, true><<<grid, kThreads, 0, stream>>>(p);
-    else bn_apply_kernel<1, false><<<grid, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
-}
+// The largest plane (H·W floats) the apply grid covers: 65535 tiles of kBnThreads·kBnUnroll floats.
+constexpr int64_t bn_apply_max_plane() { return int64_t{65535} * kBnThreads * kBnUnroll; }
 
-}  // namespace
+}  // namespace kb
+// ---- end bn_stats.cuh ----
+// ---- begin conv_bn_scale.h (inlined by scripts/make_solutions.py) ----
+// conv_bn_scale.h — the launch API of conv_bn_scale.cu, included by it and by its binding (torch-free).
+//
+// P73: y = BatchNorm2d(conv2d(x, w, b))·scale, 3×3 filters, stride 1, no padding, NCHW float32. x is
+// (N, C_in, H, W), w (C_out, C_in, 3, 3), b (C_out) or null; gamma, beta may be null (γ = 1, β = 0);
+// running_mean, running_var, num_batches_tracked all null when not tracked; momentum < 0: None.
 
-// The largest plane (H·W floats) the apply grid can cover: 65535 tiles of kThreads·kUnroll floats.
-int64_t bn_max_plane() { return int64_t{65535} * kThreads * kUnroll; }
+#include <cuda_runtime.h>
 
-// The kernels' compile-time constants, for the chapter's diagrams and tables (never retyped there).
-void bn_train_config(int* threads, int* unroll, int64_t* max_values_per_block) {
-    *threads = kThreads;
-    *unroll = kUnroll;
-    *max_values_per_block = kMaxValuesPerBlock;
-}
+#include <cstdint>
 
-// Whether the kernels take the float4 path for these pointers and planes (else the scalar one).
-bool bn_train_vec4(const float* x, const float* y, int64_t HW) { return vec4_for(x, y, HW); }
+// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
+cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
+                            int W, int C_out, cudaStream_t stream);
 
-// Blocks of bn_stats_kernel the current device holds at once (SMs × resident blocks per SM), from
-// the occupancy API: the kernel's registers and shared memory decide. Asked once per device and path.
-cudaError_t bn_stats_resident_blocks(bool vec4, int* sm_count, int* blocks_per_sm) {
-    constexpr int kCachedDevices = 64;
-    static std::atomic<int> cache[kCachedDevices][2][2] = {};  // [device][vec4][sms, per SM]
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    const bool cached = device < kCachedDevices && cache[device][vec4][1].load() > 0;
-    int sms = cached ? cache[device][vec4][0].load() : 0;
-    int per_sm = cached ? cache[device][vec4][1].load() : 0;
-    // excerpt: occupancy
-    if (!cached) {
-        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        if (err == cudaSuccess)
-            err = vec4 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bn_stats_kernel<4>, kThreads, 0)
-                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bn_stats_kernel<1>, kThreads, 0);
-        if (err != cudaSuccess) return err;
-        if (per_sm < 1) per_sm = 1;
-        if (device < kCachedDevices) {
-            cache[device][vec4][0].store(sms);
-            cache[device][vec4][1].store(per_sm);
-        }
-    }
-    *sm_count = sms;
-    *blocks_per_sm = per_sm;
-    return cudaSuccess;
-}
+// Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
+// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1]
+// zeroed.
+cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                             const float* beta, float* running_mean, float* running_var,
+                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
+                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
+                             float eps, float scale, cudaStream_t stream);
 
-// Stats blocks per channel for an (N, C, HW) input: one wave at most — the resident blocks shared
-// out over the channels, rounded down (a partial second wave would leave most SMs idle at its end) —
-// but at least enough that no block's share exceeds kMaxValuesPerBlock, at most one per work item.
-int bn_train_splits(int64_t N, int64_t C, int64_t HW, int resident_blocks) {
-    if (C < 1 || N * HW < 1) return 1;
-    const int64_t values = N * HW;
-    int64_t splits = int64_t{resident_blocks} / C;
-    if (splits < 1) splits = 1;
-    const int64_t min_splits = (values + kMaxValuesPerBlock - 1) / kMaxValuesPerBlock;
-    if (splits < min_splits) splits = min_splits;
-    const int64_t items = HW % 4 == 0 ? values / 4 : values;
-    if (splits > items) splits = items;
-    if (splits > 65535) splits = 65535;
-    return static_cast<int>(splits < 1 ? 1 : splits);
-}
-// end excerpt: occupancy
+// Training mode from the input's moments (C_in ≤ cbs_moments_max_channels()): statistics, running statistics and
+// the folded weights w_fold (C_out·C_in·9), b_fold (C_out), then the eval convolution on them. acc:
+// cbs_moments_workspace() doubles.
+cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                     const float* beta, float* running_mean, float* running_var,
+                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
+                                     float scale, cudaStream_t stream);
 
-// Floats of workspace for the stats blocks' partial states.
-int64_t bn_train_partial_floats(int64_t C, int splits) {
-    return C * splits * static_cast<int64_t>(sizeof(kb::Welford<float>) / sizeof(float));
-}
+// "auto" (C_in ≤ 8): the moments with the guard, then both strategies' launches, gated on the GPU by the guard's
+// flag (no host synchronisation). Workspaces: those of both strategies, and staged [2·C_out] floats when the
+// running statistics are tracked.
+cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                  const float* beta, float* running_mean, float* running_var,
+                                  int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                  float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
+                                  int H, int W, int C_out, float momentum, float eps, float scale,
+                                  cudaStream_t stream);
 
-// Training-mode forward. Workspaces: partial [C·splits] states, mab [3C], arrivals [C] zeroed.
-cudaError_t launch_bn_scale_train(const float* x, float* y, const float* weight, const float* bias,
-                                  float* running_mean, float* running_var, int64_t* num_batches_tracked,
-                                  float* mean_out, float* var_out, float* mab, void* partial, unsigned* arrivals,
-                                  int64_t N, int64_t C, int64_t HW, int splits, float momentum, float eps,
-                                  float scale, cudaStream_t stream) {
-    if (N * C * HW == 0) return cudaSuccess;
-    Params p{x, y, weight, bias, running_mean, running_var, num_batches_tracked, mean_out, var_out, mab,
-             static_cast<kb::Welford<float>*>(partial), arrivals, N, C, HW, splits, momentum, eps, scale};
-    dim3 apply;  // validate both grids before the first launch: never update the running stats and then fail
-    if (C > INT_MAX || splits > 65535 || !apply_grid(p, &apply)) return cudaErrorInvalidValue;
-    const dim3 grid(static_cast<unsigned>(C), static_cast<unsigned>(splits));
-    if (use_vec4(p))
-        bn_stats_kernel<4><<<grid, kThreads, 0, stream>>>(p);
-    else
-        bn_stats_kernel<1><<<grid, kThreads, 0, stream>>>(p);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    return launch_apply(p, /*eval=*/false, stream);
-}
+// The guard alone: the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
+                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
+                                   cudaStream_t stream);
 
-// Eval-mode forward: y = BN(x)·s with the running statistics.
-cudaError_t launch_bn_scale_eval(const float* x, float* y, const float* weight, const float* bias,
-                                 const float* running_mean, const float* running_var, int64_t N, int64_t C,
-                                 int64_t HW, float eps, float scale, cudaStream_t stream) {
-    if (N * C * HW == 0) return cudaSuccess;
-    Params p{x, y, weight, bias, const_cast<float*>(running_mean), const_cast<float*>(running_var), nullptr,
-             nullptr, nullptr, nullptr, nullptr, nullptr, N, C, HW, 0, 0.f, eps, scale};
-    return launch_apply(p, /*eval=*/true, stream);
-}
-// ---- end bn_train.cu ----
+// The filter size the kernels are specialised for (3).
+int cbs_kernel_size();
+// The largest output plane (HO·WO floats) the in-place apply's grid covers.
+int64_t cbs_max_plane();
+// Tiles of the output (0 for an empty one); the binding checks the count fits 31 bits.
+int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
+// Partial-state slots per channel of the in-place training launch on the current device.
+cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
+// The compile-time configuration: RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes (eval, train).
+void cbs_config(int* out);
+// The moments strategy's limits: input channels, workspace doubles, the guard flag's offset in it, and the
+// guard's threshold on κ.
+int cbs_moments_max_channels();
+int64_t cbs_moments_workspace();
+int64_t cbs_guard_offset();
+double cbs_guard_kappa_max();
+// ---- end conv_bn_scale.h ----
 // ---- begin conv_moments.cuh (inlined by scripts/make_solutions.py) ----
 // conv_moments.cuh — training-mode BatchNorm statistics of a 3×3 convolution's output, from the input's moments.
 //
@@ -470,8 +328,9 @@ cudaError_t launch_bn_scale_eval(const float* x, float* y, const float* weight, 
 //   * the edge kernel sums Z along rows {0, 1, H−2, H−1} and columns {0, 1, W−2, W−1}, and the 16 corners;
 //   * the cov kernel forms each window's sum by inclusion–exclusion, then m and Σ (in double);
 //   * the fold kernel computes mean_c and var_c, updates the running statistics as nn.BatchNorm2d does, and
-//     folds BN and the scale into the weights:
-//     w'_c = w_c·γ_c·s/√(var_c+ε), b'_c = (bias_c − mean_c)·γ_c·s/√(var_c+ε) + β_c·s.
+//     folds BN and the scale into the weights (the finalize and the update are bn_stats.cuh's, shared with
+//     chapter 1 and the in-place path): with a_c = γ_c·(1/√(var_c+ε))·s,
+//     w'_c = w_c·a_c, b'_c = (bias_c − mean_c)·a_c + β_c·s.
 // The convolution then runs once, on w', b' (the eval kernel), and writes the final output.
 //
 // Numerics (chapter 5): the covariance is invariant to shifting each input channel, so every value is read as
@@ -491,6 +350,7 @@ cudaError_t launch_bn_scale_eval(const float* x, float* y, const float* weight, 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+// (bn_stats.cuh inlined above)
 
 namespace cbm {
 
@@ -843,9 +703,7 @@ __global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __re
     if (threadIdx.x == 0) {
         ws[MEAN_OFFSET + u] = mu;
         if (u == 0) {
-            double m = f.momentum;
-            if (m < 0.0 && f.num_batches_tracked) m = 1.0 / static_cast<double>(*f.num_batches_tracked + 1);
-            ws[FACTOR_OFFSET] = m;
+            ws[FACTOR_OFFSET] = kb::bn_running_weight(f.momentum, f.num_batches_tracked);
             if (f.guard) { f.guard[0] = 0u; f.guard[1] = 0u; }
         }
     }
@@ -897,16 +755,17 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     // end excerpt: guard
     const double bias = f.bias ? f.bias[c] : 0.0;
     mu += bias;
-    const double g = f.gamma ? f.gamma[c] : 1.0, bt = f.beta ? f.beta[c] : 0.0;
-    const double a = g * f.scale / sqrt(var + f.eps);
+    const kb::BnMap map = kb::bn_map(mu, var, f.eps, f.gamma, f.beta, c, f.scale);  // bn_stats.cuh
+    const double a = map.a;
     for (int v = threadIdx.x; v < K; v += F_THREADS)
         f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
     if (threadIdx.x == 0) {
-        f.b_fold[c] = static_cast<float>((bias - mu) * a + bt * f.scale);
+        f.b_fold[c] = static_cast<float>((bias - mu) * a + map.b);
         if (f.running_mean) {
             const double m = ws[FACTOR_OFFSET];
-            const float rm = static_cast<float>((1.0 - m) * f.running_mean[c] + m * mu);
-            const float rv = static_cast<float>((1.0 - m) * f.running_var[c] + m * var * M / (M - 1.0));
+            const double var_unbiased = var * M / (M - 1.0);
+            const float rm = kb::bn_running(m, f.running_mean[c], mu);
+            const float rv = kb::bn_running(m, f.running_var[c], var_unbiased);
             if (f.staged) {  // "auto": committed by moments_commit_kernel only if the guard stays 0
                 f.staged[c] = rm;
                 f.staged[f.C_out + c] = rv;
@@ -1200,21 +1059,8 @@ __device__ void finish_stats(const Stats& st, const Shape& s, int slots) {
         }
         tot = kb::welford_warp_reduce(tot);
         if (lane != 0) continue;
-        const double mean = tot.mean;
-        const double var = tot.m2 / tot.n;                                   // biased: normalises this batch
-        const double invstd = 1.0 / sqrt(var + static_cast<double>(st.eps));
-        const double g = st.gamma ? static_cast<double>(st.gamma[c]) : 1.0;
-        const double be = st.beta ? static_cast<double>(st.beta[c]) : 0.0;
-        st.mab[c] = static_cast<float>(mean);
-        st.mab[s.C_out + c] = static_cast<float>(g * invstd * st.scale);
-        st.mab[2 * s.C_out + c] = static_cast<float>(be * st.scale);
-        if (st.running_mean) {
-            const double m = st.momentum >= 0.f ? static_cast<double>(st.momentum)
-                                                : 1.0 / static_cast<double>(*st.num_batches_tracked + 1);
-            const double var_unbiased = tot.m2 / (tot.n - 1.0);              // updates the running estimate
-            st.running_mean[c] = static_cast<float>((1.0 - m) * st.running_mean[c] + m * mean);
-            st.running_var[c] = static_cast<float>((1.0 - m) * st.running_var[c] + m * var_unbiased);
-        }
+        kb::bn_finish_channel(tot, c, s.C_out, st.mab, st.gamma, st.beta, st.running_mean, st.running_var,
+                              st.num_batches_tracked, st.momentum, st.eps, st.scale);  // bn_stats.cuh
     }
 }
 
@@ -1395,7 +1241,7 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
     return cudaGetLastError();
 }
 
-// y ← (y − m[c])·a[c] + b[c] in place over bn_train's apply work items, (plane (n, c), tile) = item / tiles,
+// y ← (y − m[c])·a[c] + b[c] in place over chapter 1's apply work items (bn_stats.cuh's grid), (plane (n, c), tile) = item / tiles,
 // item % tiles, walked by a grid of at most kApplyBlocksPerSM blocks per SM (so that a launch the guard
 // turns away costs a few hundred empty blocks, not one per item), and the batch counted
 // (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
@@ -1403,9 +1249,21 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
 // pointer, which nvcc compiles to ld.global.nc (the data must be read-only for the kernel's whole lifetime)
 // while the same kernel writes it. Here one pointer, not __restrict__, is read and then written.
 constexpr int kApplyBlocksPerSM = 8;  // 8 × 256 threads: a full SM
+constexpr int kThreads = kb::kBnThreads;
+constexpr int kUnroll = kb::kBnUnroll;
+using kb::normalise;
+using kb::Vec;
+
+// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map mab [3·C] (m, a, b).
+struct Apply {
+    float* y;
+    const float* mab;
+    int64_t* num_batches_tracked;  // or null; counted here
+    int64_t N, C, HW;
+};
 
 template <int V>
-__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p, int64_t items, int64_t tiles,
+__global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Apply p, int64_t items, int64_t tiles,
                                                                  const unsigned* guard) {
     if (guard != nullptr && *guard != 1u) return;  // "auto" chose the moments
     using VT = typename Vec<V>::T;
@@ -1432,9 +1290,10 @@ __global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Params p, int64
 }
 
 // guard: null, or run only when *guard == 1 ("auto" chose the in-place path).
-cudaError_t launch_apply_inplace(const Params& p, const unsigned* guard, cudaStream_t stream) {
+cudaError_t launch_apply_inplace(const Apply& p, const unsigned* guard, cudaStream_t stream) {
+    const bool vec4 = kb::bn_vec4(p.y, p.y, p.HW);
     dim3 grid;
-    if (!apply_grid(p, &grid)) return cudaErrorInvalidValue;
+    if (!kb::bn_apply_grid(p.N, p.C, p.HW, vec4 ? 4 : 1, &grid)) return cudaErrorInvalidValue;
     int device = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -1442,7 +1301,7 @@ cudaError_t launch_apply_inplace(const Params& p, const unsigned* guard, cudaStr
     const int64_t tiles = grid.y, items = static_cast<int64_t>(grid.x) * grid.y;
     const int64_t cap = static_cast<int64_t>(sms > 0 ? sms : 1) * kApplyBlocksPerSM;
     const unsigned blocks = static_cast<unsigned>(items < cap ? items : cap);
-    if (use_vec4(p))
+    if (vec4)
         apply_inplace_kernel<4><<<blocks, kThreads, 0, stream>>>(p, items, tiles, guard);
     else
         apply_inplace_kernel<1><<<blocks, kThreads, 0, stream>>>(p, items, tiles, guard);
@@ -1453,6 +1312,9 @@ cudaError_t launch_apply_inplace(const Params& p, const unsigned* guard, cudaStr
 
 // The kernels' filter size (the binding names it when given another).
 int cbs_kernel_size() { return cbs::K3; }
+
+// The largest output plane (HO·WO floats) the in-place apply's grid covers.
+int64_t cbs_max_plane() { return kb::bn_apply_max_plane(); }
 
 // Tiles of the output; the binding checks the count fits 31 bits.
 int64_t cbs_tiles(int64_t N, int H, int W, int C_out) {
@@ -1510,10 +1372,9 @@ cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64
 bool inplace_ok(int64_t N, int H, int W, int C_out, int64_t slots, float* y) {
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles > INT_MAX || slots <= 0 || slots % WROWS != 0 || slots / WROWS > tiles) return false;
-    Params p{};
-    p.x = y; p.y = y; p.N = N; p.C = C_out; p.HW = static_cast<int64_t>(H - K3 + 1) * (W - K3 + 1);
+    const int64_t HW = static_cast<int64_t>(H - K3 + 1) * (W - K3 + 1);
     dim3 grid;
-    return apply_grid(p, &grid);
+    return kb::bn_apply_grid(N, C_out, HW, kb::bn_vec4(y, y, HW) ? 4 : 1, &grid);
 }
 
 // The in-place strategy; with a guard, only when *guard == 1 ("auto" chose it).
@@ -1525,11 +1386,7 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
     Shape s = make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(cbs_tiles(N, H, W, C_out));
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
-    // The in-place apply's parameters (bn_train's Params and grid, x == y).
-    Params p{};
-    p.x = y; p.y = y; p.weight = gamma; p.bias = beta; p.running_mean = running_mean;
-    p.running_var = running_var; p.num_batches_tracked = num_batches_tracked; p.mab = mab;
-    p.N = N; p.C = C_out; p.HW = HW; p.momentum = momentum; p.eps = eps; p.scale = scale;
+    const Apply p{y, mab, num_batches_tracked, N, C_out, HW};  // the in-place apply's parameters
     Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
              running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
     cudaError_t err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
@@ -1540,7 +1397,10 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
 // The moments' statistics and fold (conv_moments.cuh): four kernels, no convolution. acc: the workspace.
 cudaError_t moments_fold(const float* x, double* acc, const cbm::Finalize& f, int64_t N, int C_in, int H, int W,
                          cudaStream_t stream) {
-    using namespace cbm;
+    // cbm:: names spelled out: namespace cbs has its own THREADS, K3 and smem_bytes<bool> (the convolution's),
+    // which win over a using-directive's — an unqualified smem_bytes<16>() meant cbs::smem_bytes<true>() and
+    // launched the main kernel 21 KB of shared memory short (an out-of-bounds write that compute-sanitizer found).
+    using cbm::MShape, cbm::moments_main_kernel, cbm::ACC_DOUBLES, cbm::TCOLS;
     static int resident[64][2] = {};  // per device: {rows per tile, main-kernel blocks} (static: see resident_blocks)
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -1551,16 +1411,16 @@ cudaError_t moments_fold(const float* x, double* acc, const cbm::Finalize& f, in
         err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
         if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
         if (err != cudaSuccess) return err;
-        const bool wide = optin >= smem_bytes<16>();
+        const bool wide = optin >= cbm::smem_bytes<16>();
         err = wide ? cudaFuncSetAttribute(moments_main_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem_bytes<16>())
+                                          cbm::smem_bytes<16>())
                    : cudaFuncSetAttribute(moments_main_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem_bytes<8>());
+                                          cbm::smem_bytes<8>());
         if (err == cudaSuccess)
-            err = wide ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<16>, THREADS,
-                                                                       smem_bytes<16>())
-                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<8>, THREADS,
-                                                                       smem_bytes<8>());
+            err = wide ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<16>, cbm::THREADS,
+                                                                       cbm::smem_bytes<16>())
+                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<8>, cbm::THREADS,
+                                                                       cbm::smem_bytes<8>());
         if (err != cudaSuccess) return err;
         cfg[0] = wide ? 16 : 8;
         cfg[1] = sms * (per_sm > 0 ? per_sm : 1);
@@ -1573,12 +1433,12 @@ cudaError_t moments_fold(const float* x, double* acc, const cbm::Finalize& f, in
     if (err != cudaSuccess) return err;
     const int grid = static_cast<int>(s.tiles < cfg[1] ? s.tiles : cfg[1]);
     if (band == 16)
-        moments_main_kernel<16><<<grid, THREADS, smem_bytes<16>(), stream>>>(x, s, acc);
+        moments_main_kernel<16><<<grid, cbm::THREADS, cbm::smem_bytes<16>(), stream>>>(x, s, acc);
     else
-        moments_main_kernel<8><<<grid, THREADS, smem_bytes<8>(), stream>>>(x, s, acc);
-    moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), E_THREADS, 0, stream>>>(x, s, acc);
-    moments_cov_kernel<<<C_in * K3 * K3, 128, 0, stream>>>(s, acc, f);
-    moments_fold_kernel<<<f.C_out, F_THREADS, 0, stream>>>(x, s, acc, f);
+        moments_main_kernel<8><<<grid, cbm::THREADS, cbm::smem_bytes<8>(), stream>>>(x, s, acc);
+    cbm::moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), cbm::E_THREADS, 0, stream>>>(x, s, acc);
+    cbm::moments_cov_kernel<<<C_in * cbm::K3 * cbm::K3, 128, 0, stream>>>(s, acc, f);
+    cbm::moments_fold_kernel<<<f.C_out, cbm::F_THREADS, 0, stream>>>(x, s, acc, f);
     return cudaGetLastError();
 }
 
@@ -1698,6 +1558,71 @@ CPP_SRC = r'''
 #include <optional>
 #include <string>
 #include <vector>
+// ---- begin conv_bn_scale.h (inlined by scripts/make_solutions.py) ----
+// conv_bn_scale.h — the launch API of conv_bn_scale.cu, included by it and by its binding (torch-free).
+//
+// P73: y = BatchNorm2d(conv2d(x, w, b))·scale, 3×3 filters, stride 1, no padding, NCHW float32. x is
+// (N, C_in, H, W), w (C_out, C_in, 3, 3), b (C_out) or null; gamma, beta may be null (γ = 1, β = 0);
+// running_mean, running_var, num_batches_tracked all null when not tracked; momentum < 0: None.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
+cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
+                            int W, int C_out, cudaStream_t stream);
+
+// Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
+// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1]
+// zeroed.
+cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                             const float* beta, float* running_mean, float* running_var,
+                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
+                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
+                             float eps, float scale, cudaStream_t stream);
+
+// Training mode from the input's moments (C_in ≤ cbs_moments_max_channels()): statistics, running statistics and
+// the folded weights w_fold (C_out·C_in·9), b_fold (C_out), then the eval convolution on them. acc:
+// cbs_moments_workspace() doubles.
+cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                     const float* beta, float* running_mean, float* running_var,
+                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
+                                     float scale, cudaStream_t stream);
+
+// "auto" (C_in ≤ 8): the moments with the guard, then both strategies' launches, gated on the GPU by the guard's
+// flag (no host synchronisation). Workspaces: those of both strategies, and staged [2·C_out] floats when the
+// running statistics are tracked.
+cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                  const float* beta, float* running_mean, float* running_var,
+                                  int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                  float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
+                                  int H, int W, int C_out, float momentum, float eps, float scale,
+                                  cudaStream_t stream);
+
+// The guard alone: the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
+                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
+                                   cudaStream_t stream);
+
+// The filter size the kernels are specialised for (3).
+int cbs_kernel_size();
+// The largest output plane (HO·WO floats) the in-place apply's grid covers.
+int64_t cbs_max_plane();
+// Tiles of the output (0 for an empty one); the binding checks the count fits 31 bits.
+int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
+// Partial-state slots per channel of the in-place training launch on the current device.
+cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
+// The compile-time configuration: RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes (eval, train).
+void cbs_config(int* out);
+// The moments strategy's limits: input channels, workspace doubles, the guard flag's offset in it, and the
+// guard's threshold on κ.
+int cbs_moments_max_channels();
+int64_t cbs_moments_workspace();
+int64_t cbs_guard_offset();
+double cbs_guard_kappa_max();
+// ---- end conv_bn_scale.h ----
 // ---- begin torch_checks.h (inlined by scripts/make_solutions.py) ----
 // torch_checks.h — argument checks shared by every binding (.cpp) of the book.
 //
@@ -1717,6 +1642,7 @@ CPP_SRC = r'''
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -1792,6 +1718,61 @@ inline void check_no_overlap(const torch::Tensor& in, const torch::Tensor& out, 
                 " (the kernel's pointers are __restrict__)");
 }
 
+// A tensor of `dims` dimensions, named by their layout in the message ("(N, C, H, W)").
+inline void check_dim(const torch::Tensor& t, int64_t dims, const char* layout, const char* op, const char* name) {
+    KB_CHECK(t.dim() == dims, op, ": ", name, " must be ", dims, "-D ", layout, ", got ", t.dim(), "-D shape ",
+             shape_str(t.sizes()));
+}
+
+// An optional per-channel vector (None passes): float32, contiguous, on x's device, of shape [C]; `what` says
+// what its values are ("one value per channel of x", "one value per output channel").
+inline void check_channel_vector(const std::optional<torch::Tensor>& t, const torch::Tensor& x, int64_t C,
+                                 const char* op, const char* name, const char* what) {
+    if (!t) return;
+    check_tensor(*t, op, name);
+    check_same_device(x, *t, op, "x", name);
+    KB_CHECK(t->dim() == 1 && t->size(0) == C, op, ": ", name, " must have shape [", C, "] (", what, "), got ",
+             shape_str(t->sizes()));
+}
+
+// A convolution's weight (C_out, C_in, k, …, k) against x (N, C_in, …): the input channels agree, and every filter
+// dimension is k, the size `kernel` (named in the message: "kernel", "fused kernel") is specialised for.
+inline void check_conv_weight(const torch::Tensor& x, const torch::Tensor& weight, int64_t k, const char* op,
+                              const char* name, const char* kernel) {
+    KB_CHECK(weight.size(1) == x.size(1), op, ": ", name, " has ", weight.size(1), " input channels but x has ",
+             x.size(1), " (", name, " ", shape_str(weight.sizes()), ", x ", shape_str(x.sizes()), ")");
+    bool ok = true;
+    std::string filter;
+    for (int64_t d = 2; d < weight.dim(); ++d) {
+        ok = ok && weight.size(d) == k;
+        filter += (d > 2 ? "x" : "") + std::to_string(k);
+    }
+    KB_CHECK(ok, op, ": the ", kernel, " is specialised for ", filter, " filters, got ", name, " ",
+             shape_str(weight.sizes()));
+}
+
+// BatchNorm's training arguments: running_mean, running_var and num_batches_tracked all given or all None (the
+// first two already checked as channel vectors), the counter an int64 scalar on x's device, momentum in [0, 1]
+// or None, eps ≥ 0. Returns whether the running statistics are tracked.
+inline bool check_bn_training(const std::optional<torch::Tensor>& running_mean,
+                              const std::optional<torch::Tensor>& running_var,
+                              const std::optional<torch::Tensor>& num_batches_tracked, std::optional<double> momentum,
+                              double eps, const torch::Tensor& x, const char* op) {
+    const bool tracking = running_mean.has_value();
+    KB_CHECK(running_var.has_value() == tracking && num_batches_tracked.has_value() == tracking, op,
+             ": running_mean, running_var and num_batches_tracked must be given together or all be None");
+    if (tracking) {
+        const auto& nbt = *num_batches_tracked;
+        check_tensor(nbt, op, "num_batches_tracked", torch::kInt64);
+        check_same_device(x, nbt, op, "x", "num_batches_tracked");
+        KB_CHECK(nbt.numel() == 1, op, ": num_batches_tracked must hold one value, got ", nbt.numel());
+    }
+    KB_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0), op, ": momentum must be in [0, 1] or None, got ",
+             momentum ? *momentum : 0.0);
+    KB_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
+    return tracking;
+}
+
 inline void check_launch(cudaError_t err, const char* op) {
     KB_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
@@ -1803,47 +1784,13 @@ inline void check_cuda(cudaError_t err, const char* op, const char* what) {
 }  // namespace kb
 // ---- end torch_checks.h ----
 
-// From conv_bn_scale.cu.
-int cbs_kernel_size();
-int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
-cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
-void cbs_config(int* out);
-int cbs_moments_max_channels();
-int64_t cbs_moments_workspace();
-int64_t cbs_guard_offset();
-double cbs_guard_kappa_max();
-cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                                  const float* beta, float* running_mean, float* running_var,
-                                  int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
-                                  float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale,
-                                  cudaStream_t stream);
-cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
-                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
-                                   cudaStream_t stream);
-cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                                     const float* beta, float* running_mean, float* running_var,
-                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
-                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, cudaStream_t stream);
-int64_t bn_max_plane();
-cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, cudaStream_t stream);
-cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
-                             const float* beta, float* running_mean, float* running_var,
-                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
-                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, cudaStream_t stream);
-
 namespace {
 
 // Validates x (N, C_in, H, W), weight (C_out, C_in, 3, 3) and bias (C_out or None); returns the output's shape.
 std::vector<int64_t> checked_shape(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
                                    const std::optional<torch::Tensor>& bias) {
-    KB_CHECK(x.dim() == 4, op, ": x must be 4-D (N, C_in, H, W), got ", x.dim(), "-D shape ",
-             kb::shape_str(x.sizes()));
-    KB_CHECK(weight.dim() == 4, op, ": weight must be 4-D (C_out, C_in, 3, 3), got ", weight.dim(), "-D shape ",
-             kb::shape_str(weight.sizes()));
+    kb::check_dim(x, 4, "(N, C_in, H, W)", op, "x");
+    kb::check_dim(weight, 4, "(C_out, C_in, 3, 3)", op, "weight");
     kb::check_tensor(x, op, "x");
     kb::check_tensor(weight, op, "weight");
     if (bias) kb::check_tensor(*bias, op, "bias");
@@ -1851,10 +1798,7 @@ std::vector<int64_t> checked_shape(const char* op, const torch::Tensor& x, const
     if (bias) kb::check_same_device(x, *bias, op, "x", "bias");
     const int64_t c_in = x.size(1), h = x.size(2), w = x.size(3), c_out = weight.size(0);
     const int k = cbs_kernel_size();
-    KB_CHECK(weight.size(1) == c_in, op, ": weight has ", weight.size(1), " input channels but x has ", c_in,
-             " (weight ", kb::shape_str(weight.sizes()), ", x ", kb::shape_str(x.sizes()), ")");
-    KB_CHECK(weight.size(2) == k && weight.size(3) == k, op, ": the kernel is specialised for ", k, "x", k,
-             " filters, got weight ", kb::shape_str(weight.sizes()));
+    kb::check_conv_weight(x, weight, k, op, "weight", "kernel");
     KB_CHECK(c_out >= 1, op, ": weight must have at least one output channel, got ", kb::shape_str(weight.sizes()));
     KB_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == c_out), op, ": bias must have shape [", c_out,
              "] (one value per output channel), got ", bias ? kb::shape_str(bias->sizes()) : std::string("None"));
@@ -1886,10 +1830,7 @@ torch::Tensor checked_output(const char* op, const torch::Tensor& x, const torch
 void check_channel_vector(const char* op, const std::optional<torch::Tensor>& t, const torch::Tensor& x,
                           const torch::Tensor& y, const char* name) {
     if (!t) return;
-    kb::check_tensor(*t, op, name);
-    kb::check_same_device(x, *t, op, "x", name);
-    KB_CHECK(t->dim() == 1 && t->size(0) == y.size(1), op, ": ", name, " must have shape [", y.size(1),
-             "] (one value per output channel), got ", kb::shape_str(t->sizes()));
+    kb::check_channel_vector(t, x, y.size(1), op, name, "one value per output channel");
     kb::check_no_overlap(*t, y, op, name, "out");
 }
 
@@ -1935,20 +1876,9 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     check_channel_vector(op, bn_b, x, y, "bn_b");
     check_channel_vector(op, running_mean, x, y, "running_mean");
     check_channel_vector(op, running_var, x, y, "running_var");
-    const bool tracking = running_mean.has_value();
-    KB_CHECK(running_var.has_value() == tracking && num_batches_tracked.has_value() == tracking, op,
-             ": running_mean, running_var and num_batches_tracked must be given together or all be None");
-    if (tracking) {
-        const auto& nbt = *num_batches_tracked;
-        kb::check_tensor(nbt, op, "num_batches_tracked", torch::kInt64);
-        kb::check_same_device(x, nbt, op, "x", "num_batches_tracked");
-        KB_CHECK(nbt.numel() == 1, op, ": num_batches_tracked must hold one value, got ", nbt.numel());
-    }
-    KB_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0), op, ": momentum must be in [0, 1] or None, got ",
-             momentum ? *momentum : 0.0);
-    KB_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
+    const bool tracking = kb::check_bn_training(running_mean, running_var, num_batches_tracked, momentum, eps, x, op);
     const int64_t N = y.size(0), C = y.size(1), HW = y.size(2) * y.size(3);
-    KB_CHECK(HW <= bn_max_plane(), op, ": output planes of more than ", bn_max_plane(),
+    KB_CHECK(HW <= cbs_max_plane(), op, ": output planes of more than ", cbs_max_plane(),
              " values (H*W) are not supported, got ", HW);
     KB_CHECK(N * C <= INT_MAX, op, ": at most 2^31 - 1 output planes (N*C_out) are supported, got ", N * C);
     if (N == 0) {  // an empty batch: like nn.BatchNorm2d, an empty output, and the batch is still counted

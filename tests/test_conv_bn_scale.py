@@ -356,7 +356,7 @@ def test_no_host_state_shared_between_loaded_modules(cbs):
 
 
 def _sweep():
-    spec = importlib.util.spec_from_file_location("dev_p73", ROOT / "scripts" / "dev_p73.py")
+    spec = importlib.util.spec_from_file_location("dev_p73", ROOT / "dev" / "p73.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.SWEEP

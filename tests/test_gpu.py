@@ -90,7 +90,8 @@ def test_bench_and_profile_see_our_kernel(scale):
 def test_live_record_has_provenance():
     rec = kb.records.new("00_method", ["scale"])
     assert rec["live"] and rec["provenance"]["gpu"] == torch.cuda.get_device_name()
-    assert set(rec["provenance"]["kernels"]) == {"kernels/scale.cu", "kernels/scale.cpp", "kernels/torch_checks.h"}
+    assert set(rec["provenance"]["kernels"]) == {"kernels/scale.cu", "kernels/scale.cpp", "kernels/scale.h",
+                                                 "kernels/torch_checks.h"}
 
 
 def test_kernels_are_forward_only_and_say_so(scale):

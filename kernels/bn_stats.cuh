@@ -1,0 +1,107 @@
+// bn_stats.cuh — training-mode BatchNorm statistics, shared by chapter 1 (bn_train.cu), chapter 6's in-place
+// path (conv_bn_scale.cu) and the moments' fold (conv_moments.cuh): one definition of each step.
+//
+//   finalize   batch mean and biased variance → the per-channel map y = (x − m)·a + b of BN followed by ·s:
+//                  m = mean,  a = γ·(1/√(var + ε))·s,  b = β·s          (in double; γ = 1, β = 0 when absent)
+//   running    nn.BatchNorm2d's update of the running statistics, with momentum m or, for momentum None,
+//              the cumulative average m = 1/(num_batches_tracked + 1):
+//                  running ← (1 − m)·running + m·batch   (the mean; the *unbiased* variance)
+//   apply      the map per element: a subtraction and an FMA, fmaf(x − m, a, b) (subtracting first keeps the
+//              error relative to y, not to x, even when the mean dwarfs the spread), and the grid of the apply
+//              kernels: one block per (plane, tile of kBnThreads·kBnUnroll work items).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "welford.cuh"
+
+namespace kb {
+
+// ---- finalize -------------------------------------------------------------------------------------------
+
+// y = (x − m)·a + b for one channel.
+struct BnMap {
+    double m, a, b;
+};
+
+// The map of channel c from its batch mean and biased variance (gamma, beta: null for γ = 1, β = 0).
+__host__ __device__ __forceinline__ BnMap bn_map(double mean, double var, float eps, const float* gamma,
+                                                 const float* beta, int64_t c, float scale) {
+    const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
+    const double g = gamma ? static_cast<double>(gamma[c]) : 1.0;
+    const double be = beta ? static_cast<double>(beta[c]) : 0.0;
+    return BnMap{mean, g * invstd * scale, be * scale};
+}
+
+// ---- running statistics ---------------------------------------------------------------------------------
+
+// The weight of this batch: momentum, or (momentum < 0: None) the cumulative average 1/(batches + 1), read
+// before the batch is counted. Without a counter, momentum is returned as is.
+__host__ __device__ __forceinline__ double bn_running_weight(float momentum, const int64_t* num_batches_tracked) {
+    if (momentum >= 0.f || num_batches_tracked == nullptr) return static_cast<double>(momentum);
+    return 1.0 / static_cast<double>(*num_batches_tracked + 1);
+}
+
+// One running statistic updated with weight m: (1 − m)·running + m·batch.
+__host__ __device__ __forceinline__ float bn_running(double m, float running, double batch) {
+    return static_cast<float>((1.0 - m) * running + m * batch);
+}
+
+// Training-mode finalize of channel c from its merged Welford state (in double): the map into mab ([3·C]: all
+// m, then all a, then all b) and, when running_mean is given, the running statistics updated in place.
+// Returns the biased batch variance.
+__device__ __forceinline__ double bn_finish_channel(const Welford<double>& tot, int64_t c, int64_t C, float* mab,
+                                                    const float* gamma, const float* beta, float* running_mean,
+                                                    float* running_var, const int64_t* num_batches_tracked,
+                                                    float momentum, float eps, float scale) {
+    const double var = tot.m2 / tot.n;  // biased: normalises this batch
+    const BnMap map = bn_map(tot.mean, var, eps, gamma, beta, c, scale);
+    mab[c] = static_cast<float>(map.m);
+    mab[C + c] = static_cast<float>(map.a);
+    mab[2 * C + c] = static_cast<float>(map.b);
+    if (running_mean) {
+        const double m = bn_running_weight(momentum, num_batches_tracked);
+        const double var_unbiased = tot.m2 / (tot.n - 1.0);  // updates the running estimate
+        running_mean[c] = bn_running(m, running_mean[c], tot.mean);
+        running_var[c] = bn_running(m, running_var[c], var_unbiased);
+    }
+    return var;
+}
+
+// ---- apply ----------------------------------------------------------------------------------------------
+
+constexpr int kBnThreads = 256;  // threads per block of the apply kernels (8 warps)
+constexpr int kBnUnroll = 4;     // vector loads in flight per thread
+
+template <int V> struct Vec;
+template <> struct Vec<4> { using T = float4; };
+template <> struct Vec<1> { using T = float; };
+
+__device__ __forceinline__ float4 normalise(float4 v, float m, float a, float b) {
+    return make_float4(fmaf(v.x - m, a, b), fmaf(v.y - m, a, b), fmaf(v.z - m, a, b), fmaf(v.w - m, a, b));
+}
+__device__ __forceinline__ float normalise(float v, float m, float a, float b) { return fmaf(v - m, a, b); }
+
+inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+// The float4 path when every plane of HW floats starts on a 16-byte boundary.
+inline bool bn_vec4(const float* x, const float* y, int64_t HW) { return HW % 4 == 0 && aligned16(x) && aligned16(y); }
+
+// The apply grid over N·C planes of HW floats (V per work item): planes in x (up to 2^31 − 1), tiles of
+// kBnThreads·kBnUnroll items in y (up to 65535). False when the shape does not fit.
+inline bool bn_apply_grid(int64_t N, int64_t C, int64_t HW, int V, dim3* grid) {
+    const int64_t tiles = (HW / V + kBnThreads * kBnUnroll - 1) / (kBnThreads * kBnUnroll);
+    const int64_t planes = N * C;
+    if (planes > INT_MAX || tiles > 65535) return false;
+    *grid = dim3(static_cast<unsigned>(planes), static_cast<unsigned>(tiles));
+    return true;
+}
+
+// The largest plane (H·W floats) the apply grid covers: 65535 tiles of kBnThreads·kBnUnroll floats.
+constexpr int64_t bn_apply_max_plane() { return int64_t{65535} * kBnThreads * kBnUnroll; }
+
+}  // namespace kb

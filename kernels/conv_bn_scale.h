@@ -1,0 +1,63 @@
+// conv_bn_scale.h — the launch API of conv_bn_scale.cu, included by it and by its binding (torch-free).
+//
+// P73: y = BatchNorm2d(conv2d(x, w, b))·scale, 3×3 filters, stride 1, no padding, NCHW float32. x is
+// (N, C_in, H, W), w (C_out, C_in, 3, 3), b (C_out) or null; gamma, beta may be null (γ = 1, β = 0);
+// running_mean, running_var, num_batches_tracked all null when not tracked; momentum < 0: None.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
+cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
+                            int W, int C_out, cudaStream_t stream);
+
+// Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
+// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1]
+// zeroed.
+cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                             const float* beta, float* running_mean, float* running_var,
+                             int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
+                             unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
+                             float eps, float scale, cudaStream_t stream);
+
+// Training mode from the input's moments (C_in ≤ cbs_moments_max_channels()): statistics, running statistics and
+// the folded weights w_fold (C_out·C_in·9), b_fold (C_out), then the eval convolution on them. acc:
+// cbs_moments_workspace() doubles.
+cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                     const float* beta, float* running_mean, float* running_var,
+                                     int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                     int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
+                                     float scale, cudaStream_t stream);
+
+// "auto" (C_in ≤ 8): the moments with the guard, then both strategies' launches, gated on the GPU by the guard's
+// flag (no host synchronisation). Workspaces: those of both strategies, and staged [2·C_out] floats when the
+// running statistics are tracked.
+cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
+                                  const float* beta, float* running_mean, float* running_var,
+                                  int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
+                                  float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
+                                  int H, int W, int C_out, float momentum, float eps, float scale,
+                                  cudaStream_t stream);
+
+// The guard alone: the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
+                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
+                                   cudaStream_t stream);
+
+// The filter size the kernels are specialised for (3).
+int cbs_kernel_size();
+// The largest output plane (HO·WO floats) the in-place apply's grid covers.
+int64_t cbs_max_plane();
+// Tiles of the output (0 for an empty one); the binding checks the count fits 31 bits.
+int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
+// Partial-state slots per channel of the in-place training launch on the current device.
+cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
+// The compile-time configuration: RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes (eval, train).
+void cbs_config(int* out);
+// The moments strategy's limits: input channels, workspace doubles, the guard flag's offset in it, and the
+// guard's threshold on κ.
+int cbs_moments_max_channels();
+int64_t cbs_moments_workspace();
+int64_t cbs_guard_offset();
+double cbs_guard_kappa_max();
