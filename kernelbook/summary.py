@@ -37,15 +37,16 @@ def _median(rec: dict, variant: str | None) -> float | None:
 
 def reference_rates(rec: dict | None) -> dict[str, float]:
     """The fastest FP32 FLOP rate ("flop", FLOP/s) and copy bandwidth ("bytes", bytes/s) among the record's
-    variants declared with role "reference-rate" (a copy declares bytes only; an FFMA kernel, FLOPs)."""
+    variants declared with role "reference-rate" (a copy moves bytes and no FLOP; an FFMA kernel, FLOPs)."""
     out: dict[str, float] = {}
     for v, d in (rec or {}).get("variants", {}).items():
         ms, counts = _median(rec, v), d.get("counts", {})
         if d.get("role") != "reference-rate" or not ms:
             continue
-        kind = "flop" if "flop" in counts and d.get("math") == "fp32" else "bytes" if "flop" not in counts else None
-        if kind and kind in counts:
-            out[kind] = max(out.get(kind, 0.0), counts[kind] / (ms * 1e-3))
+        kind = "flop" if counts.get("flop") else "bytes" if counts.get("bytes") else None  # a copy: no FLOP
+        if kind is None or (kind == "flop" and d.get("math") != "fp32"):
+            continue
+        out[kind] = max(out.get(kind, 0.0), counts[kind] / (ms * 1e-3))
     return out
 
 
