@@ -373,7 +373,8 @@ def _bn_folding(rec: dict) -> dict[str, Placed]:
     return {v: Placed(c) for v in rec.get("timings_ms", {}) if v in known}
 
 
-P73_MOMENTS_VARIANTS = ("ours_train", "solution_train")  # chapter 6's default training strategy: moments
+# chapter 6's variants that take the moments strategy: auto (the moments on P73) and the moments forced
+P73_MOMENTS_VARIANTS = ("ours_train", "ours_train_moments", "solution_train")
 
 
 def _capstone_p73(rec: dict) -> dict[str, Placed]:
@@ -837,7 +838,7 @@ def ceilings_resources():
     assert (spills == 0).all().all(), res
     regs = res.pivot(index="kernel", columns="arch", values="registers")
     regs.index = regs.index.map(kernel_name)
-    return regs.add_prefix("registers, sm_")
+    return regs.add_prefix("registers, ")
 
 
 def ffma_flop(config: dict) -> int:

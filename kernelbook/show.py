@@ -19,6 +19,10 @@ from pathlib import Path
 from .paths import KERNELS
 
 COLLAPSE_ROWS = 12  # tables longer than this go under a dropdown unless told otherwise
+# The checker's column names (kb.check.report), as a reader should read them: the tolerance bounds the
+# norm-wise relative error, not the largest absolute one.
+HEADERS = {"rel_err": "rel. error (norm-wise)", "max_abs_err": "max abs error",
+           "tol": "tolerance (on rel. error)", "unwritten": "unwritten", "passed": "passed"}
 
 # A column's kind, from its name when not given: the first pattern that matches decides.
 _KIND_BY_NAME = [
@@ -118,7 +122,8 @@ def table_html(data, formats: Mapping[str, str | Callable] | None = None, title:
     show_index = index if index is not None else not isinstance(df.index, pd.RangeIndex)
     cols = list(df.columns)
     kinds = {c: formats.get(str(c)) or _infer_kind(str(c), df[c].tolist()) for c in cols}
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in ([df.index.name or ""] if show_index else []) + cols)
+    head = "".join(f"<th>{html.escape(HEADERS.get(str(c), str(c)))}</th>"
+                   for c in ([df.index.name or ""] if show_index else []) + cols)
     rows = []
     for idx, row in zip(df.index, df.itertuples(index=False), strict=True):
         cells = [f'<th class="kb-row">{html.escape(str(idx))}</th>'] if show_index else []
