@@ -392,7 +392,7 @@ def cancellation_picture(ax, x: np.ndarray) -> dict[str, float]:
     ax.set_xlim(-7, max(24, top - ev + 24) + 1)
     ax.set_ylim(-2.3, 1.0)
     ax.set_yticks([])
-    ax.set_xlabel("bit position (weight 2^k falls left to right)")
+    ax.set_xlabel("bit position (weight $2^k$, falling from left to right)")
     ax.grid(False)
     kept = max(0, 24 - (top - ev))
     return {"ex2": float(ex2), "e2x": float(e2x), "computed": float(diff), "true": true_var,
