@@ -212,9 +212,9 @@ def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in
     return fig
 
 
-def plot_ladder(steps, floor_ms: float):
+def plot_ladder(steps, floor_ms: float, rec: Mapping):
     """Horizontal bars of the measured versions (``ladder`` rows with a variant), log time, with
-    the FFMA floor dotted."""
+    the FFMA floor dotted; coloured by the provider each variant declares in ``rec``."""
     import matplotlib.pyplot as plt
 
     from . import plots
@@ -222,7 +222,7 @@ def plot_ladder(steps, floor_ms: float):
     timed = [s for s in steps if s["variant"]]
     fig, ax = plt.subplots(figsize=(8, 0.42 * len(timed) + 1.2))
     ax.barh([s["version"] for s in timed], [s["time (ms)"] for s in timed],
-            color=[plots.colour(s["variant"]) for s in timed])
+            color=[plots.colour(rec["variants"][s["variant"]]["provider"]) for s in timed])
     ax.axvline(floor_ms, color=plots.CEILING, ls=":")
     ax.annotate("FFMA peak", (floor_ms, len(timed) - 0.6), fontsize=7, xytext=(3, 0),
                 textcoords="offset points")

@@ -94,12 +94,13 @@ def results(rec: dict, names: Iterable[str] | None = None):
     return pd.DataFrame(rows).set_index("variant")
 
 
-_TF32_KERNEL = re.compile(r"tf32|s1688|s16816|_tf32|xmma.*tf32", re.I)
+_TF32_KERNEL = re.compile(r"tf32|s1688|s16816|hmma|gmma|tensorop", re.I)
 
 
 def math_from_kernels(kernel_names: Iterable[str]) -> str:
-    """'tf32' if any kernel name says it ran on tensor cores in TF32 (cuDNN's and cuBLAS's say so),
-    else 'fp32'. Triton kernels do not say; their arithmetic shows in their error against float64."""
+    """'tf32' if any kernel name says it ran on float32 inputs on tensor cores (cuDNN's and cuBLAS's
+    say so: …tf32…, s1688/s16816, hmma, gmma, tensorop), else 'fp32' (FFMA kernels: …_ffma_…,
+    …sgemm…). Triton kernels do not say; their arithmetic shows in their error against float64."""
     return "tf32" if any(_TF32_KERNEL.search(k) for k in kernel_names) else "fp32"
 
 

@@ -22,13 +22,15 @@ def style() -> None:
     })
 
 
-def colour(variant: str) -> str:
-    return OURS if variant.startswith("ours") or variant.endswith("_ours") else BASELINE
+def colour(provider: str) -> str:
+    """The colour of a variant from who provides it (its declared ``provider``): ours, or a baseline."""
+    return OURS if provider == "ours" else BASELINE
 
 
-def bars(timings: Mapping[str, Mapping[str, float]], variants: Sequence[str] | None = None,
-         title: str = "", ax=None):
-    """Horizontal bars of median time per variant, whiskers from the 20th to the 80th percentile."""
+def bars(rec: Mapping, variants: Sequence[str] | None = None, title: str = "", ax=None):
+    """Horizontal bars of a record's median time per variant, whiskers from the 20th to the 80th
+    percentile, coloured by each variant's declared provider."""
+    timings, declared = rec["timings_ms"], rec.get("variants", {})
     variants = list(variants or timings)
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 0.45 * len(variants) + 1.2))
@@ -36,7 +38,7 @@ def bars(timings: Mapping[str, Mapping[str, float]], variants: Sequence[str] | N
     lo = [timings[v]["median"] - timings[v]["q20"] for v in variants]
     hi = [timings[v]["q80"] - timings[v]["median"] for v in variants]
     y = range(len(variants))
-    ax.barh(y, med, xerr=[lo, hi], color=[colour(v) for v in variants], capsize=3)
+    ax.barh(y, med, xerr=[lo, hi], color=[colour(declared.get(v, {}).get("provider", "")) for v in variants], capsize=3)
     ax.set_yticks(list(y), variants)
     ax.invert_yaxis()
     ax.set_xlabel("median time (ms), whiskers q20–q80")

@@ -12,6 +12,7 @@ import html
 import json
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from .build import file_sha256, source_hashes
@@ -39,14 +40,16 @@ def path_for(chapter: str, gpu_slug: str, root: Path = RESULTS) -> Path:
     return root / gpu_slug / f"{chapter}.json"
 
 
-def new(chapter: str, kernels: list[str]) -> dict:
-    """An empty record for ``chapter`` measured live now, with its provenance filled in."""
+def new(chapter: str, kernels: list[str], solutions: Sequence[str] = ()) -> dict:
+    """An empty record for ``chapter`` measured live now, with its provenance filled in: the SHA-256 of
+    every source of ``kernels`` and of each submission ``solutions/<name>.py`` it measures."""
     g = gpu()
     if g is None:
         raise RuntimeError("records.new needs a CUDA GPU: without one, load a recorded result")
     hashes: dict[str, str] = {}
     for k in kernels:
         hashes.update(source_hashes(k))
+    hashes.update({f"solutions/{s}.py": file_sha256(ROOT / "solutions" / f"{s}.py") for s in solutions})
     prov = {k: g[k] for k in ("gpu", "capability", "sm_count", "l2_mib", "driver", "cuda", "torch")}
     prov.update(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), commit=_commit(),
                 kernels=hashes)
@@ -83,12 +86,12 @@ def load(chapter: str, gpu_slug: str | None = None, root: Path = RESULTS) -> dic
     return rec
 
 
-def start(chapter: str, kernels: list[str]) -> dict:
+def start(chapter: str, kernels: list[str], solutions: Sequence[str] = ()) -> dict:
     """A chapter's record: new and live on a GPU, else the stored one (with its provenance shown)."""
     from IPython.display import HTML, display
 
     if gpu() is not None:
-        return new(chapter, kernels)
+        return new(chapter, kernels, solutions)
     rec = load(chapter)
     display(HTML(note_html(rec)))
     return rec
@@ -132,10 +135,11 @@ def _plain(o):
 
 
 def stale(rec: dict, kernels_root: Path = KERNELS) -> list[str]:
-    """Kernel files whose current SHA-256 differs from the one recorded (or that no longer exist)."""
+    """Kernel files and submissions whose current SHA-256 differs from the one recorded (or that no
+    longer exist)."""
     out = []
     for rel, sha in rec["provenance"].get("kernels", {}).items():
-        p = kernels_root / Path(rel).name
+        p = ROOT / rel if rel.startswith("solutions/") else kernels_root / Path(rel).name
         if not p.is_file() or file_sha256(p) != sha:
             out.append(rel)
     return out

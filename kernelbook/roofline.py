@@ -198,21 +198,6 @@ def bias_added_separately(kernel_names: Iterable[str]) -> bool:
     return any("CUDAFunctor_add" in k for k in kernel_names)
 
 
-def kernel_math(kernel_names: Iterable[str]) -> str:
-    """The arithmetic a variant's profiled kernels used: 'tf32' if ``kb.measure.math_from_kernels`` says so
-    or any name marks another tensor-core kernel (hmma, gmma, tensorop), else 'fp32' (FFMA kernels:
-    cuDNN's ``…_ffma_…``, ``…sgemm…``)."""
-    import re
-
-    from .measure import math_from_kernels
-
-    names = list(kernel_names)
-    tensor_core = re.compile(r"tf32|hmma|s1688|s16816|gmma|tensorop", re.IGNORECASE)
-    if math_from_kernels(names) == "tf32" or any(tensor_core.search(k) for k in names):
-        return "tf32"
-    return "fp32"
-
-
 def p73_fused_eval(problem: Problem = P73_CONV_BN_SCALE) -> Counts:
     """Eval mode, BN and s folded into the weights: exactly the conv's counts (folding is O(C) work)."""
     return p73_conv(problem)
@@ -294,13 +279,6 @@ def p27_fused(problem: Problem = P27_CONV3D_GN_MEAN) -> Counts:
     return Counts(conv_.flop + 3 * numel + 3 * numel, conv_.read + F32 * 2 * c, F32 * n * c, conv_.macs)
 
 
-def ptx_instructions(name: str, kernel: str, arch: str = "90") -> list[str]:
-    """The PTX opcodes of one kernel (``kb.build.ptx_instructions``, which records them for builds without nvcc)."""
-    from .build import ptx_instructions as _ptx
-
-    return _ptx(name, kernel, arch)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Ceilings
 
@@ -331,174 +309,26 @@ def bound_ms(c: Counts, peak_flops: float, bandwidth: float) -> float:
 
 @dataclass(frozen=True)
 class Placed:
-    """A recorded variant's counts and the arithmetic it may use: 'fp32', or 'tf32' (tensor cores).
-    ``source``: where the counts come from — 'model' (this module's counts of the operation) or
-    'declared' (the counts the variant's chapter declared in its record)."""
+    """A recorded variant as its chapter declared it: counts, the arithmetic it ran in (corrected from
+    its profile when it was recorded) and who provides it."""
 
     counts: Counts
-    math: str = "fp32"
-    source: str = "model"
-
-
-def _method(rec: dict) -> dict[str, Placed]:
-    """00_method: y = s·x and the copy over the size its ``timings_ms`` were taken at (from its sweep)."""
-    out = {}
-    for v, t in rec.get("timings_ms", {}).items():
-        mib = next((r["MiB"] for r in rec.get("sweep", []) if r["variant"] == v and r["median"] == t["median"]),
-                   None)
-        if mib is None:
-            continue
-        n = mib * 2**20 // F32
-        if v in ("scale_ours", "scale_torch"):
-            out[v] = Placed(elementwise(n, 1))
-        elif v == "copy_torch":
-            out[v] = Placed(copy(n))
-    return out
-
-
-def _bn_modes(rec: dict) -> dict[str, Placed]:
-    """01_bn_modes: BN·s on P73's conv output; training variants compute BN-train·s, eval ones BN-eval·s
-    (the scale folded into the per-channel affine map: no extra FLOP for the fused kernels' count)."""
-    y = p73_parts()["y"]
-    train, evl = Placed(batchnorm(y, True)), Placed(batchnorm(y, False))
-    table = {"eager_bn_scale": train, "compile_bn_scale": train, "ours_bn_scale_train": train,
-             "eager_bn_scale_eval": evl, "ours_bn_scale_eval": evl, "copy_torch": Placed(copy(math.prod(y)))}
-    return {v: table[v] for v in rec.get("timings_ms", {}) if v in table}
-
-
-def _bn_folding(rec: dict) -> dict[str, Placed]:
-    """02_bn_folding: every variant computes eval-mode P73 (its arithmetic is read by ``placed``)."""
-    c = p73_fused_eval()
-    known = ("eager_eval", "cudnn_folded_fp32", "cudnn_folded_tf32", "compile_eval", "ours_simple", "ours_fast")
-    return {v: Placed(c) for v in rec.get("timings_ms", {}) if v in known}
-
-
-# chapter 6's variants that take the moments strategy: auto (the moments on P73) and the moments forced
-P73_MOMENTS_VARIANTS = ("ours_train", "ours_train_moments", "solution_train")
-
-
-def _capstone_p73(rec: dict) -> dict[str, Placed]:
-    """06_capstone_conv_bn_scale: eval variants count as fused eval P73, the rest as training mode
-    (the benchmark's mode): from the input's moments for ours by default, in place otherwise."""
-    out = {}
-    for v in rec.get("timings_ms", {}):
-        strategy = "moments" if v in P73_MOMENTS_VARIANTS else "materialise"
-        out[v] = Placed(p73_fused_eval() if "eval" in v else p73_fused_train(strategy=strategy))
-    return out
-
-
-def _capstone_p27(rec: dict) -> dict[str, Placed]:
-    """07_capstone_conv3d_groupnorm_mean: every variant computes P27."""
-    return {v: Placed(p27_fused()) for v in rec.get("timings_ms", {})}
-
-
-def _coalescing(rec: dict) -> dict[str, Placed]:
-    """04_coalescing: every mapping (and PyTorch's ``addcmul``) computes y = x·a_c + b_c on P73's conv output
-    shape; the copy moves the same tensor."""
-    y = p73_parts()["y"]
-    out = {}
-    for v in rec.get("timings_ms", {}):
-        if v == "copy_torch":
-            out[v] = Placed(copy(math.prod(y)))
-        elif v in MAPPINGS or v == "addcmul_torch":
-            out[v] = Placed(affine_per_channel(y))
-    return out
-
-
-MAPPINGS = ("flat", "flat_vec4", "channel_fastest", "pixel_loop", "tile_7x18x4", "tile_8x8x8", "rows_w_x4")
-STATS_VARIANTS = ("onepass", "twopass", "welford", "welford_noshift", "torch_var_mean")
-
-
-def _variance(rec: dict) -> dict[str, Placed]:
-    """05_variance: statistics of P27's GroupNorm groups on its (hardswished) conv output, the whole GroupNorm
-    forward (statistics, then a read and a write: the tensor is far larger than L2, so read twice), the
-    Welford kernel on a batch of one (``welford_n1``), and the copy."""
-    p = p27_parts()
-    y, groups = p["y"], p["groups"]
-    table = {v: Placed(statistics(y, groups)) for v in STATS_VARIANTS}
-    table.update({"torch_groupnorm": Placed(groupnorm(y)), "ours_groupnorm": Placed(groupnorm(y)),
-                  "welford_n1": Placed(statistics((1, *y[1:]), groups)), "copy_torch": Placed(copy(math.prod(y)))})
-    return {v: table[v] for v in rec.get("timings_ms", {}) if v in table}
-
-
-def _profiled(rec: dict) -> dict[str, list[str]]:
-    """The kernel names each variant's profile shows (every list of profile rows in the record)."""
-    ran: dict[str, list[str]] = {}
-    for key, rows in rec.items():
-        if key != "ncu" and isinstance(rows, list):
-            for k in rows:
-                if isinstance(k, dict) and "variant" in k and "kernel" in k:
-                    ran.setdefault(k["variant"], []).append(k["kernel"])
-    return ran
-
-
-def _declared_counts(rec: dict) -> dict[str, Counts]:
-    """Counts a record declares for its variants: ``variants[v]["counts"]`` (flop and bytes, with read and
-    write where given) or, in older records of this chapter, ``counts[v]`` (flop, read, write)."""
-    out = {}
-    for v, d in rec.get("variants", {}).items():
-        c = d.get("counts", {}) if isinstance(d, dict) else {}
-        if "flop" in c and ("bytes" in c or "read" in c):
-            read = c.get("read", c.get("bytes", 0) - c.get("write", 0))
-            out[v] = Counts(int(c["flop"]), int(read), int(c.get("write", 0)), int(c.get("macs", 0)))
-    for v, c in rec.get("counts", {}).items():
-        if not {"flop", "read", "write"} <= set(c):
-            continue
-        out[v] = Counts(int(c["flop"]), int(c["read"]), int(c["write"]), int(c.get("macs", 0)))
-    return out
-
-
-def variant_math(rec: dict, variant: str) -> str | None:
-    """The arithmetic a variant ran in, never guessed from its name: its declaration in the record
-    (``variants[v]["math"]``, read from its profile when it was recorded), else the names of the kernels its
-    profile shows, else an older record's stored label; None when the record says nothing."""
-    decl = rec.get("variants", {}).get(variant, {})
-    if isinstance(decl, dict) and decl.get("math"):
-        return decl["math"]
-    ran = _profiled(rec)
-    if variant in ran:
-        return kernel_math(ran[variant])
-    return rec.get("counts", {}).get(variant, {}).get("math")
-
-
-def variant_provider(rec: dict, variant: str) -> str:
-    """Who provides a variant: its declaration (``variants[v]["provider"]``), else the first word of its name
-    (eager, compile, cudnn) or 'torch' for PyTorch's own ops, else 'ours'."""
-    decl = rec.get("variants", {}).get(variant, {})
-    if isinstance(decl, dict) and decl.get("provider"):
-        return decl["provider"]
-    for p in ("eager", "compile", "cudnn", "cublas"):
-        if variant.startswith(p):
-            return p
-    return "torch" if "torch" in variant.split("_") or variant.startswith(("sgemm", "gemm")) else "ours"
-
-
-PLACERS: dict[str, Callable[[dict], dict[str, Placed]]] = {
-    "00_method": _method,
-    "01_bn_modes": _bn_modes,
-    "02_bn_folding": _bn_folding,
-    "04_coalescing": _coalescing,
-    "05_variance": _variance,
-    "06_capstone_conv_bn_scale": _capstone_p73,
-    "07_capstone_conv3d_groupnorm_mean": _capstone_p27,
-}
+    math: str
+    provider: str
 
 
 def placed(rec: dict) -> dict[str, Placed]:
-    """The variants of one record whose counts are known, each with the arithmetic it ran in.
-
-    Counts: this module's model of the operation where its chapter's placer knows the variant; else the
-    counts the record declares (``source`` 'declared'); an older record's own ``counts`` win. Arithmetic:
-    ``variant_math`` (declaration, else profiled kernel names), 'fp32' where the record says nothing."""
-    try:
-        out = PLACERS.get(rec.get("chapter", ""), lambda r: {})(rec)
-    except (KeyError, TypeError, ValueError):  # a record of an older or newer shape: place what it stores itself
-        out = {}
-    timed = rec.get("timings_ms", {})
-    for v, c in _declared_counts(rec).items():
-        if v in timed and (v not in out or v in rec.get("counts", {})):
-            out[v] = Placed(c, source="model" if v in rec.get("counts", {}) else "declared")
-    return {v: Placed(p.counts, variant_math(rec, v) or "fp32", p.source) for v, p in out.items()}
+    """The timed variants of one record that declare both FLOP and bytes (``variants[v]["counts"]``;
+    bytes as a total or as read and write): nothing is inferred from a variant's name or chapter."""
+    out = {}
+    for v, d in rec.get("variants", {}).items():
+        c = d.get("counts", {})
+        if v not in rec.get("timings_ms", {}) or "flop" not in c or not {"bytes", "read"} & set(c):
+            continue
+        write = int(c.get("write", 0))
+        read = int(c["read"]) if "read" in c else int(c["bytes"]) - write
+        out[v] = Placed(Counts(int(c["flop"]), read, write), d.get("math", "fp32"), d["provider"])
+    return out
 
 
 def recorded(paths: Iterable[Path] | None = None, gpu_slug: str | None = None,
@@ -529,11 +359,11 @@ def points(records: Iterable[dict] | None = None):
         for v, pl in placed(rec).items():
             t = rec["timings_ms"][v]["median"]
             c = pl.counts
-            rows.append({"chapter": rec["chapter"], "variant": v, "provider": variant_provider(rec, v),
-                         "math": pl.math, "counts": pl.source, "FLOP": c.flop, "bytes": c.bytes,
+            rows.append({"chapter": rec["chapter"], "variant": v, "provider": pl.provider,
+                         "math": pl.math, "FLOP": c.flop, "bytes": c.bytes,
                          "FLOP/byte": c.intensity, "median_ms": t, "TFLOP/s": c.flop / (t * 1e-3) / 1e12,
                          "GB/s": c.bytes / (t * 1e-3) / 1e9})
-    cols = ["chapter", "variant", "provider", "math", "counts", "FLOP", "bytes", "FLOP/byte", "median_ms",
+    cols = ["chapter", "variant", "provider", "math", "FLOP", "bytes", "FLOP/byte", "median_ms",
             "TFLOP/s", "GB/s"]
     return pd.DataFrame(rows, columns=cols)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernelbook as kb
-from kernelbook import check, roofline
+from kernelbook import build, check, roofline
 
 
 def test_p73_conv_counts():
@@ -56,29 +56,46 @@ def test_bias_and_math_from_kernel_names():
         names.setdefault(k["variant"], []).append(k["kernel"])
     assert roofline.bias_added_separately(names["eager_p73_eval"])
     assert not roofline.bias_added_separately(names["ours_p73_eval"])
+    math_of = kb.measure.math_from_kernels
     for v in ("eager_p73_eval", "eager_p27", "eager_p27_conv3d", "ours_p73_eval"):
-        assert roofline.kernel_math(names[v]) == "fp32", v  # cuDNN's FFMA implicit GEMM and implicit sgemm
-    assert roofline.kernel_math(["sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc"]) == "tf32"
-    assert roofline.kernel_math(["ampere_sgemm_128x64_nn"]) == "fp32"
-    placed = roofline.placed(rec)  # the record's stored "tf32" labels give way to the profiled kernel names
-    assert {placed[v].math for v in ("eager_p73_eval", "eager_p27", "eager_p27_conv3d")} == {"fp32"}
-    assert placed["gemm_tf32_torch"].math == "tf32"  # not profiled: its stored label stands
+        assert math_of(names[v]) == "fp32", v  # cuDNN's FFMA implicit GEMM and implicit sgemm
+    assert math_of(["sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc"]) == "tf32"
+    assert math_of(["sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_gmma"]) == "tf32"
+    assert math_of(["ampere_sgemm_128x64_nn"]) == "fp32"
 
 
-def test_math_is_read_from_declarations_and_profiles_never_from_names():
+def test_placement_reads_declarations_only():
     t = {"median": 1.0, "q20": 1.0, "q80": 1.0}
-    ffma = "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_ffma"
-    rec = {"chapter": "02_bn_folding", "timings_ms": {"cudnn_folded_tf32": t, "eager_eval": t, "ours_fast": t},
-           "kernels": [{"variant": "cudnn_folded_tf32", "kernel": ffma}],
-           "variants": {"eager_eval": {"provider": "eager", "math": "fp32"}}}
+    rec = {"chapter": "09_new", "timings_ms": {"ours_x": t, "no_flop": t, "untimed_is_skipped": t},
+           "variants": {"ours_x": {"provider": "cudnn", "math": "tf32", "counts": {"flop": 10, "bytes": 5}},
+                        "no_flop": {"provider": "ours", "math": "fp32", "counts": {"bytes": 5}},
+                        "split": {"provider": "eager", "counts": {"flop": 1, "read": 3, "write": 2}}}}
     placed = roofline.placed(rec)
-    assert {v: p.math for v, p in placed.items()} == {v: "fp32" for v in rec["timings_ms"]}
-    rec["variants"]["eager_eval"]["math"] = "tf32"
-    assert roofline.placed(rec)["eager_eval"].math == "tf32"
-    new = {"chapter": "09_new", "timings_ms": {"x": t},
-           "variants": {"x": {"provider": "compile", "math": "tf32", "counts": {"flop": 10, "bytes": 5}}}}
-    assert roofline.placed(new)["x"] == roofline.Placed(roofline.Counts(10, 5, 0), "tf32", "declared")
-    assert roofline.variant_provider(new, "x") == "compile"
+    assert placed == {"ours_x": roofline.Placed(roofline.Counts(10, 5, 0), "tf32", "cudnn")}  # the name says nothing
+    rec["timings_ms"]["split"] = t
+    assert roofline.placed(rec)["split"] == roofline.Placed(roofline.Counts(1, 3, 2), "fp32", "eager")
+
+
+def test_every_recorded_variant_declares_its_counts():
+    """The roofline, the intro's table and the plots read declarations: every timed variant of every H200
+    record declares its provider, arithmetic, FLOP and bytes."""
+    for rec in kb.records.on_gpu("h200"):
+        missing = set(rec["timings_ms"]) - set(roofline.placed(rec))
+        assert not missing, f"{rec['chapter']}: {sorted(missing)} declare no FLOP or bytes: re-record the chapter"
+
+
+def test_recorded_counts_match_the_models():
+    recs = {r["chapter"]: roofline.placed(r) for r in kb.records.on_gpu("h200")}
+    y73, p27 = roofline.p73_parts()["y"], roofline.p27_parts()
+    n73, n27 = math.prod(y73), math.prod(p27["y"])
+    ch4, ch5, ch6 = recs["04_coalescing"], recs["05_variance"], recs["06_capstone_conv_bn_scale"]
+    assert ch4["flat"].counts.flop == ch4["addcmul_torch"].counts.flop == 2 * n73 and ch4["copy_torch"].counts.flop == 0
+    assert ch5["welford"].counts.flop == roofline.statistics(p27["y"], p27["groups"]).flop == 3 * n27
+    assert ch5["ours_groupnorm"].counts.flop == roofline.groupnorm(p27["y"]).flop
+    assert ch6["ours_train"].counts.flop == roofline.p73_fused_train(strategy="moments").flop
+    assert ch6["ours_train_inplace"].counts.flop == roofline.p73_fused_train(strategy="materialise").flop
+    assert ch6["ours_eval"].counts.flop == roofline.p73_conv().flop
+    assert ch6["compile_train"].math == "tf32" and ch6["compile_train_fp32"].math == "fp32"
 
 
 def test_warps_per_subpartition():
@@ -95,24 +112,6 @@ def test_fp32_lanes_per_sm():
     with pytest.raises(ValueError, match="look like"):
         roofline.fp32_lanes_per_sm("sm_90")
     assert roofline.fp32_peak(132, 1e9, "13.0") == 132 * 128 * 2 * 1e9
-
-
-def test_placers_for_coalescing_and_variance():
-    y73, p27 = roofline.p73_parts()["y"], roofline.p27_parts()
-    n73, n27 = math.prod(y73), math.prod(p27["y"])
-    assert y73 == (128, 64, 126, 126) and p27["y"] == (1024, 16, 13, 29, 29) and p27["groups"] == 4
-    ch4 = roofline.placed(_record("04_coalescing", {"flat": 0.5, "addcmul_torch": 0.4, "copy_torch": 0.25,
-                                                    "unknown": 1.0}))
-    assert set(ch4) == {"flat", "addcmul_torch", "copy_torch"}
-    assert ch4["flat"].counts == roofline.Counts(2 * n73, 4 * n73 + 2 * 4 * 64, 4 * n73)  # FMA; x, a, b in; y out
-    assert ch4["copy_torch"].counts.bytes == 8 * n73
-    ch5 = roofline.placed(_record("05_variance", {v: 0.2 for v in (*roofline.STATS_VARIANTS, "torch_groupnorm",
-                                                                   "ours_groupnorm", "welford_n1", "copy_torch")}))
-    stats = roofline.Counts(3 * n27, 4 * n27, 4 * 2 * 1024 * 4)  # read once; add + FMA; mean and var per group
-    assert all(ch5[v].counts == stats for v in roofline.STATS_VARIANTS)  # two-pass's second read is its own cost
-    assert ch5["ours_groupnorm"].counts == roofline.Counts(5 * n27, 2 * 4 * n27 + 2 * 4 * 16, 4 * n27)
-    assert ch5["welford_n1"].counts == roofline.Counts(3 * n27 // 1024, 4 * n27 // 1024, 4 * 2 * 4)
-    assert all(p.math == "fp32" for p in [*ch4.values(), *ch5.values()])
 
 
 def test_p73_train_strategies():
@@ -155,14 +154,19 @@ def _record(chapter, timings, **extra):
 
 
 def test_points_skip_unknown_and_missing(tmp_path):
+    def decl(provider, math, flop, nbytes):
+        return {"provider": provider, "math": math, "counts": {"flop": flop, "bytes": nbytes}}
+
+    fused = roofline.p73_fused_eval()
     (tmp_path / "02_bn_folding.json").write_text(json.dumps(_record(
         "02_bn_folding", {"eager_eval": 1.6, "ours_fast": 0.5, "something_new": 1.0},
-        variants={"eager_eval": {"provider": "eager", "math": "tf32"}})))
-    (tmp_path / "04_coalescing.json").write_text(json.dumps(_record("04_coalescing", {"x": 1.0})))  # unknown
+        variants={"eager_eval": decl("eager", "tf32", fused.flop, fused.bytes),
+                  "ours_fast": decl("ours", "fp32", fused.flop, fused.bytes)})))
+    (tmp_path / "04_coalescing.json").write_text(json.dumps(_record("04_coalescing", {"x": 1.0})))  # undeclared
     (tmp_path / "05_broken.json").write_text("{not json")
     (tmp_path / "03_roofline.json").write_text(json.dumps(_record(
         "03_roofline", {"ffma_ours": 4.0, "untimed": 1.0},
-        counts={"ffma_ours": {"flop": 4 * 10**9, "read": 0, "write": 10**6}, "not_timed_either": {"flop": 1}})))
+        variants={"ffma_ours": decl("ours", "fp32", 4 * 10**9, 10**6), "not_timed": decl("ours", "fp32", 1, 1)})))
     recs = roofline.recorded(sorted(tmp_path.glob("*.json")) + [tmp_path / "missing.json"])
     assert sorted(r["chapter"] for r in recs) == ["02_bn_folding", "03_roofline", "04_coalescing"]
     assert len(roofline.recorded(tmp_path.glob("*.json"), exclude=["03_roofline"])) == 2
@@ -170,7 +174,7 @@ def test_points_skip_unknown_and_missing(tmp_path):
     assert set(zip(df.chapter, df.variant, strict=True)) == {
         ("02_bn_folding", "eager_eval"), ("02_bn_folding", "ours_fast"), ("03_roofline", "ffma_ours")}
     ours = df[df.variant == "ours_fast"].iloc[0]
-    assert ours.FLOP == roofline.p73_fused_eval().flop and ours.math == "fp32"
+    assert ours.FLOP == fused.flop and ours.math == "fp32"
     assert df[df.variant == "eager_eval"].iloc[0].math == "tf32"  # declared, not guessed from the name
     assert df[df.variant == "eager_eval"].iloc[0].provider == "eager"
     assert df[df.variant == "ffma_ours"].iloc[0]["TFLOP/s"] == pytest.approx(1.0)
@@ -220,8 +224,8 @@ def test_plot_labels_only_the_headline_points():
     pts = roofline.points([
         {"chapter": "03_roofline", "timings_ms": {"eager_p73_eval": {"median": 1.01},
                                                   "ours_p73_eval": {"median": 1.0}},
-         "counts": {v: {"flop": 1e12, "read": 1e9, "write": 0} for v in ("eager_p73_eval",
-                                                                      "ours_p73_eval")}}])
+         "variants": {v: {"provider": v.split("_")[0], "math": "fp32",
+                          "counts": {"flop": 1e12, "bytes": 1e9}} for v in ("eager_p73_eval", "ours_p73_eval")}}])
     ax = roofline.plot(pts, [roofline.Roof("r", 60e12, 4e12)], labels=roofline.HEADLINE)
     numbers = {t.get_text(): t.xyann for t in ax.texts if t.get_text().isdigit()}
     keyed = [t.get_text() for t in ax.get_legend().get_texts()]
@@ -250,7 +254,7 @@ def test_copy_kernels_keep_no_state_and_carry_the_hints_asked_for():
     for unroll in (1, 4, 8):
         for streaming in (False, True):
             mangled = f"copy_vec4_kernelILi{unroll}ELb{int(streaming)}E"
-            ops = roofline.ptx_instructions("ceilings", mangled)
+            ops = build.ptx_instructions("ceilings", mangled)
             assert ops, mangled
             assert not any(op.startswith(("atom.", "red.")) for op in ops), mangled
             assert ("ld.global.cs.v4.f32" in ops) == streaming == ("st.global.cs.v4.f32" in ops), mangled

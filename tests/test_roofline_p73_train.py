@@ -35,18 +35,3 @@ def test_strategy_names():
     assert roofline.P73_TRAIN_STRATEGIES == ("materialise", "recompute", "moments")
     with pytest.raises(ValueError, match="moments"):
         roofline.p73_fused_train(strategy="welford")
-
-
-def test_capstone_placer_counts_ours_from_moments():
-    t = {"median": 1.0, "q20": 1.0, "q80": 1.0}
-    rec = {"chapter": "06_capstone_conv_bn_scale", "timings_ms": {v: t for v in (
-        "ours_train", "ours_train_inplace", "solution_train", "compile_train", "compile_train_fp32", "ours_eval")},
-        "kernels": [{"variant": "compile_train", "kernel": "sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32"},
-                    {"variant": "compile_train_fp32", "kernel": "sm80_xmma_fprop_implicit_gemm_f32f32_ffma"}]}
-    placed = roofline.placed(rec)
-    assert placed["ours_train"].counts == placed["solution_train"].counts == roofline.p73_fused_train(
-        strategy="moments")
-    assert placed["ours_train_inplace"].counts == roofline.p73_fused_train(strategy="materialise")
-    assert placed["ours_eval"].counts == roofline.p73_conv()
-    assert placed["compile_train"].math == "tf32" and placed["compile_train_fp32"].math == "fp32"
-    assert placed["ours_train"].math == "fp32"
