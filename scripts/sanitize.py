@@ -207,8 +207,10 @@ def gemm_3xtf32() -> None:
         a = check.rand([m, k], seed=m, device="cuda", low=-1, high=1)
         b = check.rand([k, n], seed=n, device="cuda", low=-1, high=1)
         for passes in (1, 3):
-            check.assert_close(mod.gemm_tf32(a, b, passes), a.double() @ b.double(), tol=1e-3,
-                               what=f"gemm {m}x{n}x{k} passes={passes}")
+            for version in (1, 2, 3, 4, 5):
+                check.assert_close(mod.gemm_tf32(a, b, passes, version), a.double() @ b.double(),
+                                   tol=1e-3, what=f"gemm {m}x{n}x{k} passes={passes} v{version}")
+    assert torch.isfinite(mod.mma_peak(2, 8, torch.device("cuda"))).all()
 
 
 WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings,

@@ -24,14 +24,51 @@ def _ref(a, b):
     return a.double() @ b.double()
 
 
+VERSIONS = [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("m, n, k", SHAPES)
-def test_3xtf32_matches_float64_like_float32(mod, m, n, k):
+def test_3xtf32_matches_float64_like_float32(mod, m, n, k, version):
     a = check.rand([m, k], seed=m + k, device="cuda", low=-1, high=1)
     b = check.rand([k, n], seed=n + 7 * k, device="cuda", low=-1, high=1)
-    out = mod.gemm_tf32(a, b, 3)
+    out = mod.gemm_tf32(a, b, 3, version)
     ref = _ref(a, b)
     tol = check.dot_tol(max(k, 1), _ref(a.abs(), b.abs()), ref) if k else 0.0
-    check.assert_close(out, ref, tol=max(tol, 1e-7) if k else 1e-30, what=f"3xTF32 {m}x{n}x{k}")
+    check.assert_close(out, ref, tol=max(tol, 1e-7) if k else 1e-30, what=f"3xTF32 v{version} {m}x{n}x{k}")
+    if version > 1 and k:  # the per-step versions: within twice cuBLAS's float32 error
+        torch.backends.cuda.matmul.allow_tf32 = False
+        fp32 = check.report(a @ b, ref, tol=1.0)["rel_err"]
+        assert check.report(out, ref, tol=1.0)["rel_err"] <= 2 * fp32 + 1e-7, (version, fp32)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_plain_tf32_every_version(mod, version):
+    a = check.rand([300, 200], seed=11, device="cuda", low=-1, high=1)
+    b = check.rand([200, 132], seed=12, device="cuda", low=-1, high=1)
+    ref = _ref(a, b)
+    e1 = check.report(mod.gemm_tf32(a, b, 1, version), ref, tol=1.0)["rel_err"]
+    assert 1e-5 < e1 < 1e-2, e1  # TF32's rounding, and no more
+
+
+def test_versions_agree_where_they_should(mod):
+    """Versions 2-5 add the same products in the same order per step: the same numbers."""
+    a = check.rand([257, 136], seed=5, device="cuda", low=-1, high=1)
+    b = check.rand([136, 260], seed=6, device="cuda", low=-1, high=1)
+    outs = [mod.gemm_tf32(a, b, 3, v) for v in (2, 3, 4, 5)]
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+
+
+def test_mma_peak_runs_and_is_deterministic(mod):
+    cfg = mod.peak_config()
+    assert cfg == {"threads": 256, "chains": 8, "macs_per_mma": 1024}
+    out = mod.mma_peak(4, 16, torch.device("cuda"))
+    assert out.shape == (4 * 256,) and torch.isfinite(out).all()
+    assert torch.equal(out, mod.mma_peak(4, 16, torch.device("cuda")))
+    assert (mod.mma_peak(2, 0, torch.device("cuda")) == 0).all()
+    with pytest.raises(RuntimeError, match="blocks must be"):
+        mod.mma_peak(0, 16, torch.device("cuda"))
 
 
 def test_plain_tf32_is_visibly_less_accurate(mod):
@@ -58,8 +95,20 @@ def test_shifted_inputs_stay_float32_accurate(mod):
     (lambda: (torch.ones(8, device="cuda"), torch.ones(8, 8, device="cuda")), "must be a matrix"),
     (lambda: (torch.ones(8, 8, device="cuda").double(), torch.ones(8, 8, device="cuda")), "must be float32"),
     (lambda: (torch.ones(65, device="cuda")[1:].view(8, 8), torch.ones(8, 8, device="cuda")), "16-byte boundary"),
+    (lambda: (torch.ones(8, 12, device="cuda").t(), torch.ones(8, 8, device="cuda")), "contiguous"),
+    (lambda: (torch.ones(8, 8), torch.ones(8, 8)), "CUDA"),
 ])
 def test_bad_input_is_named(mod, make, message):
     a, b = make()
     with pytest.raises(RuntimeError, match=message):
         mod.gemm_tf32(a, b, 3)
+
+
+def test_bad_version_and_the_chapters_bad_inputs(mod):
+    a = torch.ones(8, 8, device="cuda")
+    with pytest.raises(RuntimeError, match="version must be"):
+        mod.gemm_tf32(a, a, 3, 6)
+    from kernelbook import tensorcore
+
+    said = tensorcore.bad_inputs(mod)
+    assert all(m != "accepted" for m in said.values()), said

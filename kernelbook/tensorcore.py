@@ -1,0 +1,204 @@
+"""Chapter 8's model: TF32 rounding and the 3xTF32 split, emulated on the CPU, and the chapter's
+GPU plumbing (the checks, the Nsight Compute counters and the script they are read from).
+
+TF32 keeps float32's sign and 8 exponent bits and the top 10 of its 23 mantissa bits. The GPU's
+``cvt.rna.tf32.f32`` rounds to the nearest TF32 value, ties away from zero; ``to_tf32`` does the same
+to a float32 tensor with integer operations on its bits, so every CPU experiment here rounds exactly
+as the kernel does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TF32_MANTISSA_BITS = 10
+TF32_UNIT_ROUNDOFF = 2.0 ** -(TF32_MANTISSA_BITS + 1)  # half an ulp at 1: 2^-11 ≈ 4.9e-4
+DROPPED = 13  # float32 mantissa bits TF32 does not keep
+
+
+def to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (float32) rounded to the nearest TF32 value, ties away from zero (as ``cvt.rna``); the
+    result is a float32 tensor whose low 13 mantissa bits are zero. Infinities and NaNs pass through."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"to_tf32 takes float32, got {x.dtype}")
+    bits = x.contiguous().view(torch.int32)
+    half = 1 << (DROPPED - 1)
+    rounded = (bits + half) & ~((1 << DROPPED) - 1)  # magnitude bits round up at half: ties away from zero
+    finite = (bits & 0x7F800000) != 0x7F800000
+    return torch.where(finite, rounded, bits).view(torch.float32)
+
+
+def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x = hi + lo (up to a rounding of lo): hi = x rounded to TF32, lo = the remainder rounded to TF32."""
+    hi = to_tf32(x)
+    return hi, to_tf32(x - hi)
+
+
+def product_errors(ks, trials: int = 64, seed: int = 0, shift: float = 0.0):
+    """Relative error of dot products of length k (uniform inputs in [-1, 1), the first operand shifted by
+    ``shift``), against the exact float64 result, for each way of forming the products:
+
+    * ``tf32``: hi_a·hi_b, what plain TF32 tensor cores multiply;
+    * ``3xtf32``: hi_a·hi_b + hi_a·lo_b + lo_a·hi_b (the split, lo_a·lo_b dropped);
+    * ``4xtf32``: all four products (what dropping lo_a·lo_b costs);
+    * ``fp32``: float32 products and float32 sums in order (a CPU's FMA-free loop, for scale).
+
+    The TF32 variants' products are exact in float64 (11-bit × 11-bit significands) and summed in float64,
+    so their error is the split's alone. Returns one row per k: the largest error over the trials,
+    relative to Σ|a·b| (the scale a dot product's rounding error is measured against)."""
+    import pandas as pd
+
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for k in ks:
+        a = (torch.rand(trials, k, generator=g) * 2 - 1 + shift).float()
+        b = (torch.rand(trials, k, generator=g) * 2 - 1).float()
+        exact = (a.double() * b.double()).sum(1)
+        scale = (a.double() * b.double()).abs().sum(1)
+        (ah, al), (bh, bl) = split(a), split(b)
+        ah, al, bh, bl = (t.double() for t in (ah, al, bh, bl))
+        sums = {"tf32": (ah * bh).sum(1), "3xtf32": (ah * bh + ah * bl + al * bh).sum(1),
+                "4xtf32": (ah * bh + ah * bl + al * bh + al * bl).sum(1)}
+        acc, prod = torch.zeros(trials, dtype=torch.float32), a * b  # float32 products
+        for i in range(k):  # float32 adds, in order: k roundings
+            acc = acc + prod[:, i]
+        sums["fp32"] = acc.double()
+        rows.append({"k": k, **{n: float(((v - exact).abs() / scale).max()) for n, v in sums.items()}})
+    return pd.DataFrame(rows).set_index("k")
+
+
+def split_bound() -> float:
+    """The split's worst relative error per product, to first order: |lo_a·lo_b| (dropped) and the
+    rounding of lo_a and lo_b to TF32, each at most 2^-11 of 2^-11 of |a·b| — 3 · 2^-22 ≈ 7.2e-7,
+    against float32's own rounding of a product, 2^-24 ≈ 6.0e-8."""
+    return 3 * TF32_UNIT_ROUNDOFF ** 2
+
+
+def gemm_flop(m: int, n: int, k: int) -> int:
+    """The useful FLOP of C = A·B: a multiply-add per (row, column, k), 2 FLOP each."""
+    return 2 * m * n * k
+
+
+def gemm_bytes(m: int, n: int, k: int) -> int:
+    """Least DRAM bytes of C = A·B in float32: A and B read once, C written once."""
+    return 4 * (m * k + k * n + m * n)
+
+
+VERSIONS = {  # version → what it changed (kernels/gemm_3xtf32.cu says how)
+    1: "split each fragment as loaded; three products chained on the accumulator over all of K",
+    2: "each 8-deep step from zero, joined to the accumulator by an FADD",
+    3: "split once per element, as the slab is staged, into (hi, lo) pairs",
+    4: "the independent steps interleaved in issue order",
+    5: "hi and lo in separate planes; A's fragments by ldmatrix",
+}
+
+CHECK_SHAPES = [(256, 256, 256), (130, 132, 36), (1, 4, 4), (37, 12, 20), (129, 260, 1028), (4096, 64, 72)]
+
+
+def check_versions(mod, shapes=CHECK_SHAPES, seed: int = 0) -> list[dict]:
+    """Every version in 3xTF32, and plain TF32, against float64 on ``shapes``, beside cuBLAS's float32
+    product of the same inputs: one row per shape and version, errors relative to the largest |ref|."""
+    from . import check, precision
+
+    rows = []
+    for m, n, k in shapes:
+        a = check.rand([m, k], seed=seed + m + k, device="cuda", low=-1, high=1)
+        b = check.rand([k, n], seed=seed + n + 7 * k, device="cuda", low=-1, high=1)
+        ref = a.double() @ b.double()
+        with precision.tf32(conv=False, matmul=False):
+            fp32 = check.report(a @ b, ref, tol=1.0)["rel_err"]
+        for version in VERSIONS:
+            errs = [check.report(mod.gemm_tf32(a, b, p, version), ref, tol=1.0)["rel_err"] for p in (3, 1)]
+            rows.append({"shape": f"{m}×{n}×{k}", "version": version, "3xTF32": errs[0], "TF32": errs[1],
+                         "cuBLAS float32": fp32})
+    return rows
+
+
+def error_growth(mod, ks=(64, 512, 2048, 8192), mn: int = 256, seed: int = 5) -> list[dict]:
+    """Relative error against float64 of the chained (v1) and per-step (v5) 3xTF32 products and of
+    cuBLAS in float32, as K grows (M = N = ``mn``)."""
+    from . import check, precision
+
+    rows = []
+    for k in ks:
+        a = check.rand([mn, k], seed=seed + k, device="cuda", low=-1, high=1)
+        b = check.rand([k, mn], seed=seed + 2 * k, device="cuda", low=-1, high=1)
+        ref = a.double() @ b.double()
+        with precision.tf32(conv=False, matmul=False):
+            fp32 = a @ b
+        rows.append({"k": k, **{name: check.report(out, ref, tol=1.0)["rel_err"] for name, out in (
+            ("v1 chained", mod.gemm_tf32(a, b, 3, 1)), ("v5 per step", mod.gemm_tf32(a, b, 3, 5)),
+            ("cuBLAS float32", fp32))}})
+    return rows
+
+
+def bad_inputs(mod) -> dict[str, str]:
+    """What the binding says to each bad input (the message, or 'accepted')."""
+    cuda = {"device": "cuda"}
+    cases = {
+        "K not a multiple of 4": lambda: mod.gemm_tf32(torch.ones(8, 6, **cuda), torch.ones(6, 8, **cuda)),
+        "inner sizes differ": lambda: mod.gemm_tf32(torch.ones(8, 8, **cuda), torch.ones(4, 8, **cuda)),
+        "a vector": lambda: mod.gemm_tf32(torch.ones(8, **cuda), torch.ones(8, 8, **cuda)),
+        "float64": lambda: mod.gemm_tf32(torch.ones(8, 8, dtype=torch.float64, **cuda), torch.ones(8, 8, **cuda)),
+        "CPU tensor": lambda: mod.gemm_tf32(torch.ones(8, 8), torch.ones(8, 8)),
+        "misaligned": lambda: mod.gemm_tf32(torch.ones(65, **cuda)[1:].view(8, 8), torch.ones(8, 8, **cuda)),
+        "transposed": lambda: mod.gemm_tf32(torch.ones(8, 12, **cuda).t(), torch.ones(8, 8, **cuda)),
+        "version 6": lambda: mod.gemm_tf32(torch.ones(8, 8, **cuda), torch.ones(8, 8, **cuda), 3, 6),
+        "requires grad": lambda: mod.gemm_tf32(torch.ones(8, 8, requires_grad=True, **cuda),
+                                               torch.ones(8, 8, **cuda)),
+    }
+    out = {}
+    for name, call in cases.items():
+        try:
+            call()
+            out[name] = "accepted"
+        except (RuntimeError, ValueError, TypeError) as e:
+            out[name] = str(e).splitlines()[0]
+    return out
+
+
+NCU_METRICS = [
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_tensor_op_hmma.sum",
+    "sm__inst_executed_pipe_tensor_op_gmma.sum",
+    "smsp__inst_executed.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+]
+
+# The script Nsight Compute runs: each profiled variant once, inside its NVTX range, on 4096³.
+NCU_TARGET = """
+import torch, kernelbook as kb
+mod = kb.build.load("gemm_3xtf32")
+a = kb.check.rand([4096, 4096], seed=1, device="cuda", low=-1, high=1)
+b = kb.check.rand([4096, 4096], seed=2, device="cuda", low=-1, high=1)
+sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+fns = {"mma_peak": lambda: mod.mma_peak(4 * sms, 1024, a.device),
+       "v2_3xtf32": lambda: mod.gemm_tf32(a, b, 3, 2), "v5_3xtf32": lambda: mod.gemm_tf32(a, b, 3, 5),
+       "cublas_tf32": lambda: a @ b}
+for variant, fn in fns.items():
+    with kb.precision.tf32(conv=False, matmul=variant == "cublas_tf32"):
+        with kb.timing.nvtx_range("08_tensor_cores", variant):
+            fn()
+torch.cuda.synchronize()
+"""
+
+
+def ncu_table(rows: list[dict]):
+    """Nsight Compute's rows as variant × counter, with short names, and the warp instructions issued
+    per tensor-core instruction (HMMA: mma.sync; HGMMA: wgmma, a 64-row product per instruction)."""
+    import pandas as pd
+
+    t = pd.DataFrame(rows).pivot_table(index="variant", columns="metric", values="value", aggfunc="sum")
+    pct = ".avg.pct_of_peak_sustained_active"
+    out = pd.DataFrame({
+        "tensor pipe active %": t["sm__pipe_tensor_op_hmma_cycles_active" + pct],
+        "issue active %": t["smsp__issue_active" + pct],
+        "warps active %": t["sm__warps_active" + pct],
+        "HMMA": t["sm__inst_executed_pipe_tensor_op_hmma.sum"],
+        "HGMMA": t["sm__inst_executed_pipe_tensor_op_gmma.sum"],
+        "bank conflicts": t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"],
+    })
+    out["instructions per tensor-core instruction"] = t["smsp__inst_executed.sum"] / out["HMMA"]
+    return out  # (the HMMA counter counts the HGMMA too: every tensor-core instruction)
