@@ -126,7 +126,8 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
     lines.append(f"Medians of CUDA-event timings with L2 flushed, recorded on {', '.join(gpus)} between "
                  f"{dates[0]} and {dates[-1]}. *compile* is `torch.compile` of the same PyTorch code; speed-ups "
                  f"are eager's (or compile's) time over ours. The baselines run with PyTorch's defaults, which let "
-                 f"cuDNN use TF32 for convolutions; ours compute in FP32 (the GEMM row's in 3xTF32, as accurate). — where a chapter did not time that "
+                 f"cuDNN use TF32 for convolutions; ours compute in FP32 (the GEMM row's in 3xTF32, as accurate). "
+                 f"— where a chapter did not time that "
                  f"variant or no floor is known.")
     lines.append("")
     lines.append(_floor_note(gpu_slug, root))
