@@ -20,7 +20,7 @@ from torch import nn
 
 import kernelbook as kb
 from kernelbook import check, gn_mean
-from kernelbook.paths import ROOT
+from kernelbook.harness.paths import ROOT
 
 P27 = kb.problems.P27_CONV3D_GN_MEAN
 SOLUTION = ROOT / "solutions" / "27_Conv3d_HardSwish_GroupNorm_Mean.py"
