@@ -126,7 +126,7 @@ def test_hardswish_at_its_boundaries():
 @pytest.mark.gpu
 def test_benchmark_shape(ext):
     m = _model(seed=1)
-    x = P27.inputs(seed=0, batch=128, device="cuda")  # 1/8 of the benchmark batch; scripts/dev_p27.py runs all
+    x = P27.inputs(seed=0, batch=128, device="cuda")  # 1/8 of the benchmark batch; dev/p27.py runs all
     ref, _ = _reference(m, x)
     out = check.poisoned(ref.shape, device="cuda")
     assert _run(ext, m, x, out).data_ptr() == out.data_ptr()
