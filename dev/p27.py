@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""P27 on a GPU in one call: build, check against float64, time every variant, print a compact summary.
+"""P27 on a GPU in one call: chapter 7's checks against float64, its variants timed, Nsight Compute.
 
     python dev/p27.py               # checks + timings (+ Nsight Compute when ncu is on PATH)
     python dev/p27.py --no-ncu      # without the profiler section
-    python dev/p27.py --ncu-target  # only run the fused kernel (what the profiler section profiles)
     python dev/p27.py --sweep       # also time -DKB_P27_KD_UNROLL=2 and 4 (two more builds, ~1 min)
+    python dev/p27.py --out DIR     # the record as DIR/dev_p27.json (default: $OUT when set)
 
-Variants, all fp32 (TF32 disabled for cuDNN and matmuls): ``eager`` (the reference module),
-``compile`` (torch.compile of it), ``conv_only`` (cuDNN's conv3d alone: the Amdahl cap of fusing the tail),
-``tail_fused`` (cuDNN conv3d + one kernel for hardswish, statistics and mean) and ``ours`` (one fused
-kernel). Writes a JSON summary to $OUT/dev_p27.json when $OUT is set (or to --json). Takes about 1–2 minutes.
+A thin wrapper over what notebooks/07_capstone_conv3d_groupnorm_mean.ipynb runs, for use while
+kernels/conv3d_gn_mean changes, with the chapter's own helpers (``kb.gn_mean``): the fused kernel is
+checked against float64 on P27's full batch and on ``gn_mean.check_cases`` (odd shapes, the depth-slab
+plans of smaller GPUs, shifted inputs), the tail kernel on P27; the submission
+(``kb.problems.load_solution``) passes KernelBench's own check (``kb.problems.kernelbench_check``) and
+float64. Then ``eager`` and ``compile`` (TF32 allowed, and ``_fp32``), ``conv_only`` (cuDNN's conv3d
+alone: the Amdahl cap of fusing the tail), ``tail_fused`` (cuDNN conv3d + our one tail kernel) and
+``ours`` (one fused kernel) are timed by ``kb.measure.run`` in a live record (``kb.records.new``) that
+is never saved to results/, and the fused kernel is profiled by ``kb.profile.ncu`` with the chapter's
+metrics. Exit status 1 if any check failed. About 1–2 minutes on an H200.
 """
 
 from __future__ import annotations
@@ -18,269 +24,149 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # this checkout's kernelbook
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import kernelbook as kb  # noqa: E402
-from kernelbook import check  # noqa: E402
+from kernelbook import gn_mean as gm  # noqa: E402
+from kernelbook import roofline as rl  # noqa: E402
 
+CHAPTER = "07_capstone_conv3d_groupnorm_mean"  # the NVTX ranges are the chapter's: <chapter>/<variant>
 P27 = kb.problems.P27_CONV3D_GN_MEAN
-CHAPTER = "07_capstone_conv3d_groupnorm_mean"
-MACS = 1024 * 16 * 13 * 29 * 29 * 3 * 64  # 34,392,244,224 multiply-adds
-FLOP = 2 * MACS
-TOL = 1e-5
+CONV, FUSED = rl.p27_conv(), rl.p27_fused()
+FLOP = 2 * CONV.macs  # the convolution's FLOP, the chapter's TFLOP/s
 
 
-def bench(fn, variant: str) -> dict:
-    """kb.timing.bench (NVTX range + do_bench, L2 flushed); do_bench alone where the nvtx package is missing."""
-    try:
-        return kb.timing.bench(fn, CHAPTER, variant)
-    except ImportError:
-        from triton.testing import do_bench
-
-        med, q20, q80 = do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.2, 0.8])
-        return {"median": med, "q20": q20, "q80": q80}
-
-
-def fused(ext, m, x, out=None):
-    gn = m.group_norm
-    return ext.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps, out)
-
-
-def tail(ext, m, x):
-    gn = m.group_norm
-    y = F.conv3d(x, m.conv.weight, m.conv.bias)
-    return ext.p27_tail(y, gn.weight, gn.bias, gn.num_groups, gn.eps)
-
-
-def reference64(m, x):
-    m64 = kb.problems.P27(m.conv.in_channels, m.conv.out_channels, 4, m.group_norm.num_groups,
-                          m.conv.bias is not None).to(x.device).double()
-    m64.load_state_dict(m.state_dict())
-    with torch.no_grad():
-        h = F.hardswish(m64.conv(x.double()))
-        ref = m64.group_norm(h).mean(dim=[2, 3, 4])
-        tol = max(TOL, check.normalisation_tol(h.reshape(h.shape[0], m64.group_norm.num_groups, -1), (2,), k=64.0))
-    return ref, tol
-
-
-def model(c_in=3, c_out=16, groups=4, seed=0):
-    torch.manual_seed(seed)
-    m = kb.problems.P27(c_in, c_out, 4, num_groups=groups).cuda()
-    with torch.no_grad():  # γ of both signs and β ≠ 0, so a wrong affine step shows
-        m.group_norm.weight.uniform_(-2, 2)
-        m.group_norm.bias.uniform_(-1, 1)
-    return m
-
-
-def checks(ext) -> list[dict]:
-    rows = []
-
-    def add(name, out, ref, tol):
-        r = check.report(out, ref, tol)
-        rows.append({"case": name, **r})
-        print(f"  {'ok  ' if r['passed'] else 'FAIL'} {name:48s} rel {r['rel_err']:.2e} (tol {tol:.0e})", flush=True)
-
-    m = model(seed=1)
-    x = P27.inputs(seed=0, device="cuda")  # the benchmark's full batch; samples are independent, so the
-    out = fused(ext, m, x, check.poisoned((1024, 16), device="cuda"))  # float64 check covers 128 of them
-    idx = torch.cat([torch.arange(64), torch.arange(960, 1024)]).cuda()
-    ref, _ = reference64(m, x[idx])
-    add("ours P27 full batch (samples 0-63, 960-1023)", out[idx], ref, TOL)
-    add("tail_fused P27 (samples 0-63)", tail(ext, m, x[:64]), ref[:64], TOL)
-    for shape in [(1, 3, 16, 32, 32, 16, 4), (2, 3, 9, 17, 23, 16, 4), (2, 3, 9, 17, 23, 24, 3),
-                  (2, 3, 20, 40, 36, 16, 4), (1, 3, 16, 32, 33, 16, 1)]:
-        n, c_in, d, h, w, c_out, g = shape
-        mm = model(c_in, c_out, g, seed=sum(shape))
-        xx = check.rand((n, c_in, d, h, w), seed=sum(shape), device="cuda")
-        r, t = reference64(mm, xx)
-        add(f"ours {shape}", fused(ext, mm, xx, check.poisoned(r.shape, device="cuda")), r, t)
-    for gpu, limit in (("an A100", 166912), ("sm_86/89", 101376), ("a T4", 65536)):  # the depth-slab path
-        xx = P27.inputs(seed=9, batch=8, device="cuda")
-        r, t = reference64(m, xx)
-        gn = m.group_norm
-        o = ext.p27_forward(xx, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps,
-                            check.poisoned(r.shape, device="cuda"), smem_limit=limit)
-        add(f"ours P27 planned as on {gpu} ({limit} B smem)", o, r, t)
-    for shift in (1e3, -1e3):
-        xx = P27.inputs(seed=5, batch=8, device="cuda") + shift
-        r, t = reference64(m, xx)
-        add(f"ours P27 inputs + {shift:g}", fused(ext, m, xx), r, t)
-    w3 = m.conv.weight[:, :, :3, :3, :3].contiguous()
-    for name, make in [("3x3x3 filter", lambda: ext.p27_forward(x[:2], w3, None, None, None, 4, 1e-5)),
-                       ("num_groups 5", lambda: ext.p27_forward(x[:2], m.conv.weight, None, None, None, 5, 1e-5))]:
-        print(f"  error for {name}: {check.error_message(make)}")
-    return rows
-
-
-def timings(ext) -> dict:
-    m = model(seed=0)
-    x = P27.inputs(seed=0, device="cuda")
+def checks(ext) -> dict[str, dict]:
+    """Chapter 7's checks of both kernels against float64 (convolutions in float32)."""
+    n, c_out = P27.input_shape[0], P27.init_args[1]
     res = {}
-    with torch.no_grad():
-        compiled = torch.compile(m)
-        t0 = time.time()
-        compiled(x)
-        torch.cuda.synchronize()
-        print(f"  torch.compile warm-up {time.time() - t0:.0f} s", flush=True)
-        def eager_tf32():  # PyTorch's default (cuDNN may pick TF32 convolutions): the 11.78 ms measured before
-            torch.backends.cudnn.allow_tf32 = True
-            try:
-                return m(x)
-            finally:
-                torch.backends.cudnn.allow_tf32 = False
-
-        variants = {
-            "eager": lambda: m(x),
-            "eager_tf32": eager_tf32,
-            "compile": lambda: compiled(x),
-            "conv_only": lambda: F.conv3d(x, m.conv.weight, m.conv.bias),
-            "tail_fused": lambda: tail(ext, m, x),
-            "ours": lambda: fused(ext, m, x),
-        }
-        ref, _ = reference64(m, x[:32])
-        for name, fn in variants.items():
-            t = bench(fn, name)
-            out = fn()
-            err = check.report(out[:32], ref, TOL)["rel_err"] if name != "conv_only" else float("nan")
-            res[name] = {**t, "rel_err_vs_fp64": err}
-        clock = kb.device.sm_clock_mhz()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    peak = sms * 128 * 2 * (clock or 1980) * 1e6 / 1e12
-    print(f"\n  SM clock after the runs {clock} MHz → FFMA peak {peak:.1f} TFLOP/s ({sms} SMs)")
-    print(f"  {'variant':12s} {'median ms':>10s} {'q20-q80':>16s} {'TFLOP/s':>8s} {'% peak':>7s} "
-          f"{'vs eager':>8s} {'err vs fp64':>11s}")
-    for name, r in res.items():
-        tf = kb.timing.tflops(FLOP, r["median"])
-        r.update(tflops=tf, pct_peak=100 * tf / peak, speedup_vs_eager=res["eager"]["median"] / r["median"])
-        print(f"  {name:12s} {r['median']:10.3f} {r['q20']:7.3f}-{r['q80']:<8.3f} {tf:8.1f} {r['pct_peak']:6.1f}% "
-              f"{r['speedup_vs_eager']:7.2f}x {r['rel_err_vs_fp64']:11.2e}")
-    print(f"  conv alone is {100 * res['conv_only']['median'] / res['eager']['median']:.0f}% of eager; "
-          f"removing everything else would give at most {res['eager']['median'] / res['conv_only']['median']:.2f}x")
-    res["_meta"] = {"sm_clock_mhz": clock, "ffma_peak_tflops": peak, "flop": FLOP,
-                    "tail_fusion_cap": res["eager"]["median"] / res["conv_only"]["median"]}
+    with kb.precision.tf32(False):
+        m, x = gm.model(seed=1), P27.inputs(seed=0, device="cuda")
+        idx = torch.cat([torch.arange(64), torch.arange(n - 64, n)]).cuda()  # samples are independent
+        ref, _ = gm.reference64(m, x[idx])
+        out = gm.fused(ext, m, x, kb.check.poisoned((n, c_out), device="cuda"))
+        res[f"ours P27 full batch (samples 0-63, {n - 64}-{n - 1})"] = kb.check.report(out[idx], ref, gm.TOL)
+        out = gm.tail(ext, m, x[:64], kb.check.poisoned((64, c_out), device="cuda"))
+        res["tail_fused P27 (samples 0-63)"] = kb.check.report(out, ref[:64], gm.TOL)
+        for name, (mm, xx, limit) in gm.check_cases(m).items():
+            r, tol = gm.reference64(mm, xx)
+            res[name] = kb.check.report(gm.fused(ext, mm, xx, kb.check.poisoned(r.shape, device="cuda"), limit), r, tol)
     return res
 
 
-NCU_METRICS = [
-    "gpu__time_duration.sum",
-    "smsp__inst_executed.sum",
-    "smsp__inst_executed_pipe_fma.sum",
-    "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum",
-    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
-    "smsp__issue_active.avg.pct_of_peak_sustained_active",
-    "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
-    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
-    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
-    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
-    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
-    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
-    "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio",
-    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
-    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
-    "smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio",
-    "dram__bytes_read.sum",
-    "launch__registers_per_thread",
-    "launch__shared_mem_per_block_dynamic",
-]
+def solution_check(rec: dict) -> None:
+    """The submission file: KernelBench's check, then 64 samples against float64."""
+    sol = kb.problems.load_solution(P27)
+    rows, _, new = kb.problems.kernelbench_check(P27, lambda: sol.ModelNew(*P27.init_args))
+    rec["kernelbench_check"] = rows
+    xt = P27.inputs(seed=4, batch=64, device="cuda")
+    r64, tol = gm.reference64(new, xt)
+    rec["checks"]["solution file vs float64 (64 samples)"] = kb.check.report(new(xt), r64, tol)
 
 
-# Metrics the book's earlier chapters used on this GPU's ncu: the fallback if a name above is not accepted.
-NCU_SAFE = ["gpu__time_duration.sum", "smsp__inst_executed.sum", "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum",
-            "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
-            "smsp__issue_active.avg.pct_of_peak_sustained_active", "dram__bytes_read.sum"]
+def variants(ext, kd: dict) -> tuple[dict[str, kb.measure.Variant], torch.nn.Module, torch.Tensor]:
+    """The chapter's variants of P27 at the benchmark's shape (``ours_kd<u>``: the unroll builds in ``kd``),
+    and the module and input they run."""
+    V, whole = kb.measure.Variant, {"flop": FUSED.flop, "bytes": FUSED.bytes}
+    m, x = gm.model(seed=0), P27.inputs(seed=0, device="cuda")
+    compiled = torch.compile(m)  # compiled at its first call, in the error loop of main
+    return {
+        "eager": V(lambda: m(x), "eager", counts=whole, tf32=True),
+        "eager_fp32": V(lambda: m(x), "eager", counts=whole, tf32=False),
+        "compile": V(lambda: compiled(x), "compile", counts=whole, tf32=True),
+        "compile_fp32": V(lambda: compiled(x), "compile", counts=whole, tf32=False),
+        "conv_only": V(lambda: F.conv3d(x, m.conv.weight, m.conv.bias), "cudnn", tf32=True,
+                       counts={"flop": CONV.flop, "bytes": CONV.bytes}),
+        "tail_fused": V(lambda: gm.tail(ext, m, x), "ours", counts=whole, mode="cuDNN conv, our tail", tf32=True),
+        "ours": V(lambda: gm.fused(ext, m, x), "ours", counts=whole, role="headline"),
+        **{f"ours_kd{u}": V(lambda e=e: gm.fused(e, m, x), "ours", counts=whole, role="control")
+           for u, e in kd.items()},
+    }, m, x
 
 
-def ncu_section() -> list[dict]:
+def ncu(rec: dict) -> None:
+    """Nsight Compute on the fused kernel (the chapter's metrics; the basic ones if ncu refuses them)."""
     if shutil.which("ncu") is None:
-        print("  ncu not on PATH: skipped")
-        return []
-    t0 = time.time()
-    for metrics in (NCU_METRICS, NCU_SAFE):
-        cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:p27_", "--launch-skip", "1",
-               "--launch-count", "2", "--metrics", ",".join(metrics), "--csv", "--print-units", "base",
-               sys.executable, str(Path(__file__).resolve()), "--ncu-target"]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-        if res.returncode == 0:
-            break
-        print(f"  ncu failed ({res.returncode}) with {len(metrics)} metrics:")
-        print(f"{res.stdout[-1500:]}\n{res.stderr[-1500:]}")
-    else:
-        return []
-    rows = kb.profile.parse_ncu_csv(res.stdout)
-    print(f"  ncu took {time.time() - t0:.0f} s")
-    for r in rows:
-        print(f"  {r['kernel'][:24]:24s} {r['metric']:80s} {r['value']:16,.3f} {r['unit']}")
-    return rows
-
-
-def ncu_target() -> None:
-    ext = kb.build.load("conv3d_gn_mean")
-    m = model(seed=0)
-    x = P27.inputs(seed=0, device="cuda")
-    torch.backends.cudnn.allow_tf32 = False
-    with torch.no_grad():
-        for _ in range(2):
-            fused(ext, m, x)           # launch 0 skipped (first touch), launch 1 profiled
-        tail(ext, m, x)                # the tail kernel, for comparison (conv3d's kernels are not matched)
-        tail(ext, m, x)
-    torch.cuda.synchronize()
+        print("ncu is not on PATH: skipped")
+        return
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the child's
+    target = gm.ncu_target(CHAPTER)
+    try:
+        table = kb.profile.ncu(target, CHAPTER, ["ours"], gm.NCU_ALL)
+    except RuntimeError as e:
+        print(f"ncu refused the full metric list ({str(e)[:300]}); basic metrics only")
+        table = kb.profile.ncu(target, CHAPTER, ["ours"], gm.NCU_BASIC)
+    rec["ncu"] = table.to_dict("records")
+    nc = table.groupby("metric")["value"].sum()
+    for k, v in gm.counters(nc, CONV.macs, FUSED.read).items():
+        print(f"  {gm.COUNTERS[k]:52s} {v:10.3f}")
+    for s, v in gm.stalls(nc).items():
+        print(f"  warps stalled per issue: {s:28s} {v:10.3f}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--no-ncu", action="store_true")
-    ap.add_argument("--ncu-target", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="also time the kd-loop unroll variants")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--no-ncu", action="store_true", help="skip the Nsight Compute section")
+    ap.add_argument("--sweep", action="store_true", help="also time the kd-loop unroll builds (2 and 4)")
+    ap.add_argument("--out", type=Path, default=os.environ.get("OUT"), help="write DIR/dev_p27.json")
     args = ap.parse_args()
-    if args.ncu_target:
-        ncu_target()
-        return 0
-    torch.backends.cudnn.allow_tf32 = False  # every variant and reference conv in fp32 (tail_fused included)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    print(kb.device.describe(), flush=True)
-    t0 = time.time()
+
+    torch.set_grad_enabled(False)  # the kernels are forward-only: their bindings refuse tensors that need grad
+    print(kb.describe(), flush=True)
+    rec = kb.records.new(CHAPTER, kernels=["conv3d_gn_mean"], solutions=[P27.name])  # live; never saved here
+    kb.precision.defaults()  # PyTorch's defaults; variants named *_fp32 turn TF32 off
     ext = kb.build.load("conv3d_gn_mean")
-    print(f"built in {time.time() - t0:.0f} s; resources (sm_90):")
+    rec["config"] = dict(ext.config())
     for r in kb.build.resources("conv3d_gn_mean", "90"):
-        print(f"  {r}")
-    summary = {"commit": os.environ.get("KERNELBOOK_COMMIT", "")}
-    print("\n== checks against float64", flush=True)
-    summary["checks"] = checks(ext)
-    print("\n== timings (fp32, TF32 off, L2 flushed; median of CUDA events)", flush=True)
-    summary["timings"] = timings(ext)
-    if args.sweep:
-        print("\n== kd-loop unroll sweep (ours, P27)", flush=True)
-        m, x = model(seed=0), P27.inputs(seed=0, device="cuda")
-        ref, _ = reference64(m, x[:32])
-        summary["sweep"] = {}
-        for u in (1, 2, 4):
-            e = kb.build.load("conv3d_gn_mean", defines={"KB_P27_KD_UNROLL": u})
-            with torch.no_grad():
-                t = bench(lambda e=e: fused(e, m, x), f"ours_kd{u}")
-                err = check.report(fused(e, m, x)[:32], ref, TOL)["rel_err"]
-            summary["sweep"][u] = {**t, "rel_err_vs_fp64": err}
-            print(f"  KB_P27_KD_UNROLL={u}: {t['median']:.3f} ms ({kb.timing.tflops(FLOP, t['median']):.1f} TFLOP/s), "
-                  f"rel err {err:.1e}", flush=True)
+        print(f"  sm_90 {r['kernel']}: {r['registers']} registers, {r['spill_store_bytes']} B spill stores")
+
+    rec["checks"] |= checks(ext)
+    solution_check(rec)
+    kb.precision.defaults()
+    kd = {u: kb.build.load("conv3d_gn_mean", defines={"KB_P27_KD_UNROLL": u}) for u in (2, 4)} if args.sweep else {}
+    runs, m, x = variants(ext, kd)
+    ref, _ = gm.reference64(m, x[:32])
+    rec["variant_errors"] = {}
+    for name, v in runs.items():  # the first calls also compile
+        with kb.precision.tf32(bool(v.tf32)):
+            out = v.fn()
+        if name != "conv_only":
+            rec["variant_errors"][name] = kb.check.report(out[:32], ref, gm.TOL)
+    t = kb.measure.run(rec, runs)
+    rec["sm_clock_mhz"] = kb.device.sm_clock_mhz()  # right after the runs: their clock
+    prov = rec["provenance"]
+    floor_ms = 1e3 * FLOP / rl.fp32_peak(prov["sm_count"], rec["sm_clock_mhz"] * 1e6, prov["capability"])
+    ms = t["median ms"]
+    t["TFLOP/s"] = FLOP / ms / 1e9
+    t["% of FFMA peak"] = 100 * floor_ms / ms
+    t["× eager"] = ms["eager"] / ms
+    t["error vs float64"] = [rec["variant_errors"].get(n, {}).get("rel_err", float("nan")) for n in t.index]
+    print(f"\nSM clock after the runs {rec['sm_clock_mhz']} MHz: the FFMA floor is {floor_ms:.3f} ms")
+    print(t.drop(columns=["GB/s", "provider"], errors="ignore").to_string(float_format=lambda v: f"{v:.4g}"))
+    print(f"conv alone is {100 * ms['conv_only'] / ms['eager']:.0f} % of eager; fusing only the tail gives "
+          f"at most {ms['eager'] / ms['conv_only']:.2f}x")
+
     if not args.no_ncu:
-        print("\n== Nsight Compute (fused kernel, then the tail kernel)", flush=True)
-        summary["ncu"] = ncu_section()
-    failed = [r["case"] for r in summary["checks"] if not r["passed"]]
-    print(f"\n{len(summary['checks']) - len(failed)}/{len(summary['checks'])} checks passed"
-          + (f"; FAILED: {failed}" if failed else "") + f"; total {time.time() - t0:.0f} s")
-    path = args.json or (Path(os.environ["OUT"]) / "dev_p27.json" if os.environ.get("OUT") else None)
-    if path:
-        Path(path).write_text(json.dumps(summary, indent=1, default=float))
+        ncu(rec)
+    failed = [k for k, r in rec["checks"].items() if not r["passed"]]
+    failed += [f"solution: KernelBench trial {r['trial']}" for r in rec["kernelbench_check"] if not r["allclose"]]
+    failed += [f"{k}: error {e['rel_err']:.1e}" for k, e in rec["variant_errors"].items()
+               if k.startswith("ours") and not e["passed"]]
+    for k, r in rec["checks"].items():
+        print(f"  {'ok  ' if r['passed'] else 'FAIL'} {k:52s} {r['rel_err']:.2e}")
+    print(f"{len(rec['checks'])} checks against float64" + (f"; FAILED: {failed}" if failed else ", all passed"))
+    if args.out:
+        path = Path(args.out) / "dev_p27.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {k: v for k, v in rec.items() if k != "live"} | {"failures": failed}
+        path.write_text(json.dumps(body, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
         print(f"wrote {path}")
     return 1 if failed else 0
 

@@ -1,34 +1,35 @@
 """kernelbook — the toolkit behind the book: build, check, time, profile and record fused CUDA kernels.
 
-Notebooks import it as ``import kernelbook as kb`` and use ``kb.build``, ``kb.check``, ``kb.timing``,
-``kb.profile``, ``kb.records``, ``kb.plots``, ``kb.problems``, ``kb.measure`` (times a chapter's variants
-and declares them in its record), ``kb.precision`` (the one TF32 switch) and ``kb.show`` (tables and
-kernel excerpts as the reader sees them), and the chapters' own models:
-``kb.folding``, ``kb.roofline``, ``kb.coalescing``, ``kb.variance`` (``kb.summary`` builds the intro's
-table). ``kb.gpu()`` says what is live and ``kb.glue`` hands a computed number to the prose.
+It has three rooms:
+
+- ``kernelbook/harness/`` — the bench: ``build``, ``check``, ``timing``, ``measure`` (times a chapter's
+  variants and declares them in its record), ``precision`` (the one TF32 switch), ``profile``, ``records``,
+  ``device``, ``paths``, ``plots`` and ``show`` (tables and kernel excerpts as the reader sees them);
+- ``kernelbook/models/`` — the problems and the chapters' own models: ``problems``, ``roofline``,
+  ``folding``, ``coalescing``, ``variance``, ``gn_mean``;
+- ``kernelbook/site/`` — what the book's pages assemble: ``summary`` (builds the intro's table).
+
+Notebooks import it as ``import kernelbook as kb`` and use every module flat, whatever its room:
+``kb.build``, ``kb.roofline``, ``kb.summary``, ... ``kb.gpu()`` says what is live and ``kb.glue``
+hands a computed number to the prose.
 """
 
-from . import (
+from .harness import (
     build,
     check,
-    coalescing,
     device,
-    folding,
-    gn_mean,
     measure,
     paths,
     plots,
     precision,
-    problems,
     profile,
     records,
-    roofline,
     show,
-    summary,
     timing,
-    variance,
 )
-from .device import describe, gpu
+from .harness.device import describe, gpu
+from .models import coalescing, folding, gn_mean, problems, roofline, variance
+from .site import summary
 
 
 def glue(name: str, value) -> None:

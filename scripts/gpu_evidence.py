@@ -47,9 +47,9 @@ def main() -> int:
     import datetime as dt
 
     from kernelbook import device
-    from kernelbook.build import file_sha256
-    from kernelbook.paths import KERNELS, RESULTS
-    from kernelbook.records import _commit
+    from kernelbook.harness.build import file_sha256
+    from kernelbook.harness.paths import KERNELS, RESULTS
+    from kernelbook.harness.records import _commit
 
     logdir = Path(sys.argv[1])
     g = device.gpu()

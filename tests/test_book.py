@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import kernelbook as kb
-from kernelbook.paths import ROOT
+from kernelbook.harness.paths import ROOT
 
 _BUILT: dict[str, tuple] = {}  # one build of each kind per test session, shared with test_site.py
 

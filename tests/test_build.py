@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernelbook import build
-from kernelbook.paths import KERNELS
+from kernelbook.harness.paths import KERNELS
 
 KERNEL_NAMES = sorted(p.stem for p in KERNELS.glob("*.cu"))
 ARCHS = ["75", "80", "90"]

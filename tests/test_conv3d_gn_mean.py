@@ -20,7 +20,7 @@ from torch import nn
 
 import kernelbook as kb
 from kernelbook import check, gn_mean
-from kernelbook.paths import ROOT
+from kernelbook.harness.paths import ROOT
 
 P27 = kb.problems.P27_CONV3D_GN_MEAN
 SOLUTION = ROOT / "solutions" / "27_Conv3d_HardSwish_GroupNorm_Mean.py"
@@ -126,7 +126,7 @@ def test_hardswish_at_its_boundaries():
 @pytest.mark.gpu
 def test_benchmark_shape(ext):
     m = _model(seed=1)
-    x = P27.inputs(seed=0, batch=128, device="cuda")  # 1/8 of the benchmark batch; scripts/dev_p27.py runs all
+    x = P27.inputs(seed=0, batch=128, device="cuda")  # 1/8 of the benchmark batch; dev/p27.py runs all
     ref, _ = _reference(m, x)
     out = check.poisoned(ref.shape, device="cuda")
     assert _run(ext, m, x, out).data_ptr() == out.data_ptr()

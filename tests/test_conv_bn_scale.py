@@ -18,7 +18,7 @@ from torch import nn
 
 import kernelbook as kb
 from kernelbook import check
-from kernelbook.paths import ROOT
+from kernelbook.harness.paths import ROOT
 
 SCALE = 2.0
 

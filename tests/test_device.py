@@ -1,6 +1,6 @@
 import pytest
 
-from kernelbook.device import describe, slug
+from kernelbook.harness.device import describe, slug
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -26,7 +26,7 @@ def test_describe_says_live_or_recorded(monkeypatch):
 
 
 def test_resident_blocks_matches_the_occupancy_limits():
-    from kernelbook.device import resident_blocks
+    from kernelbook.harness.device import resident_blocks
 
     # conv2d_folded v1 on the H200: 256 threads at 127 registers; Nsight Compute reported 2 blocks by registers
     assert resident_blocks("9.0", 256, 127, 35328) == 2

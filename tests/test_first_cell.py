@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import yaml
 
-from kernelbook.paths import NOTEBOOKS, ROOT
+from kernelbook.harness.paths import NOTEBOOKS, ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import first_cell  # noqa: E402

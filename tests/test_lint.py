@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernelbook.paths import ROOT
+from kernelbook.harness.paths import ROOT
 
 
 def test_ruff_is_clean():

@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from kernelbook.paths import NOTEBOOKS, ROOT
+from kernelbook.harness.paths import NOTEBOOKS, ROOT
 
 CHAPTERS = sorted(NOTEBOOKS.glob("*.ipynb"))
 SKELETON = ["Question", "Setup", "Idea", "Kernel", "Check", "Measure", "Profile", "Takeaways", "Exercises"]

@@ -1,6 +1,6 @@
 import torch
 
-from kernelbook.problems import P27_CONV3D_GN_MEAN, P73_CONV_BN_SCALE
+from kernelbook.models.problems import P27_CONV3D_GN_MEAN, P73_CONV_BN_SCALE
 
 
 def test_p73_reference_shapes_and_training_mode():

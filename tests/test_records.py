@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from kernelbook import build, records
-from kernelbook.paths import KERNELS
+from kernelbook.harness.paths import KERNELS
 
 REQUIRED_PROVENANCE = {"gpu", "capability", "driver", "cuda", "torch", "date", "commit", "kernels"}
 RECORDS = records.all_records()
@@ -112,7 +112,7 @@ def test_no_compiler_report_is_stale(path):
 
 def test_gpu_evidence_covers_todays_kernels_and_is_clean():
     """The GPU tests and all four compute-sanitizer tools passed on exactly today's kernel sources."""
-    from kernelbook.paths import RESULTS
+    from kernelbook.harness.paths import RESULTS
 
     path = RESULTS / records.DEFAULT_GPU / f"{records.EVIDENCE}.json"
     assert path.is_file(), f"{path} is missing: run scripts/gpu_session.sh on the GPU"

@@ -350,7 +350,7 @@ def toc_pages() -> set[str]:
     """Every page _toc.yml puts in the book (root, chapters, reference pages), as built HTML paths."""
     import yaml
 
-    from kernelbook.paths import ROOT
+    from kernelbook.harness.paths import ROOT
 
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     files = [toc["root"]]
@@ -585,7 +585,7 @@ def test_every_chapter_has_a_download_and_a_launch_button_only_with_a_real_addre
     when repository.url is a real address (with the placeholder it could only lead nowhere)."""
     import yaml
 
-    from kernelbook.paths import ROOT
+    from kernelbook.harness.paths import ROOT
 
     repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
     placeholder = "REPLACE-ME" in repo["url"]

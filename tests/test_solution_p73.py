@@ -18,7 +18,7 @@ import torch
 
 import kernelbook as kb
 from kernelbook import check
-from kernelbook.paths import ROOT
+from kernelbook.harness.paths import ROOT
 
 SOLUTION = ROOT / "solutions" / "73_Conv2d_BatchNorm_Scaling.py"
 GENERATOR = ROOT / "scripts" / "make_solutions.py"

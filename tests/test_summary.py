@@ -8,8 +8,8 @@ import re
 import pytest
 
 from kernelbook import summary
-from kernelbook.paths import RESULTS, ROOT
-from kernelbook.records import DEFAULT_GPU
+from kernelbook.harness.paths import RESULTS, ROOT
+from kernelbook.harness.records import DEFAULT_GPU
 
 RECORDS = {p.stem: json.loads(p.read_text()) for p in sorted((RESULTS / DEFAULT_GPU).glob("*.json"))
            if p.stem != "gpu_evidence"}

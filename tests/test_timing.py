@@ -20,7 +20,7 @@ def test_scale_excerpts_exist_and_fit_a_screen():
 @pytest.mark.gpu
 def test_scale_config_reports_the_kernels_tiling():
     import kernelbook as kb
-    from kernelbook.paths import KERNELS
+    from kernelbook.harness.paths import KERNELS
 
     cfg = kb.build.load("scale").config()
     src = (KERNELS / "scale.cu").read_text()

@@ -335,7 +335,7 @@ def recorded(paths: Iterable[Path] | None = None, gpu_slug: str | None = None,
              exclude: Sequence[str] = ()) -> list[dict]:
     """The records of ``gpu_slug`` (or those at ``paths``), minus the chapters in ``exclude``; a missing
     or unreadable file is skipped, so the list grows as chapters are recorded."""
-    from .records import on_gpu, read
+    from ..harness.records import on_gpu, read
 
     if paths is None:
         recs = on_gpu(gpu_slug)
@@ -404,7 +404,7 @@ def plot(df, roofs: Sequence[Roof], ax=None, title: str = "", labels: Mapping[tu
     import numpy as np
     from matplotlib.lines import Line2D
 
-    from .plots import CEILING, OURS
+    from ..harness.plots import CEILING, OURS
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8.5, 5.5))
@@ -630,7 +630,7 @@ def bad_inputs(mod) -> dict[str, str]:
     """Each bad input of the ``ceilings`` bindings and the error message it raises ('accepted' if none)."""
     import torch
 
-    from .check import error_message as msg
+    from ..harness.check import error_message as msg
 
     xg = torch.zeros(64, device="cuda")
     return {
@@ -660,8 +660,8 @@ def ceilings_resources():
     """Registers per thread of each ``ceilings`` kernel for sm_75/80/90 (asserting no spills or stack)."""
     import pandas as pd
 
-    from . import build
-    from .show import kernel_name
+    from ..harness import build
+    from ..harness.show import kernel_name
 
     res = pd.DataFrame([r for a in ("75", "80", "90") for r in build.resources("ceilings", a)])
     spills = res[["spill_store_bytes", "spill_load_bytes", "stack_bytes"]]
@@ -781,7 +781,7 @@ def ncu_tables(ncu_records: list[dict]):
     """Nsight Compute's DRAM counters per kernel (MB read and written, ns) and summed per variant (bytes)."""
     import pandas as pd
 
-    from .show import kernel_name
+    from ..harness.show import kernel_name
 
     ncu = pd.DataFrame(ncu_records)
     per_kernel = ncu.pivot_table(index=["variant", "kernel"], columns="metric", values="value",

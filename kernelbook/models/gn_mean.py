@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .paths import ROOT
+from ..harness.paths import ROOT
 from .problems import P27, P27_CONV3D_GN_MEAN
 
 TOL = 1e-5  # the chapter's bound on an fp32 result's relative error against float64
@@ -46,7 +46,7 @@ def model(c_in: int = 3, c_out: int = 16, groups: int = 4, seed: int = 0, device
 def reference64(m: torch.nn.Module, x: torch.Tensor, tol: float = TOL) -> tuple[torch.Tensor, float]:
     """The module in float64 on x, and the tolerance for a float32 computation of it: ``tol``,
     widened only where a group's |μ|/σ makes any float32 statistics lose digits."""
-    from .check import normalisation_tol
+    from ..harness.check import normalisation_tol
 
     m64 = copy.deepcopy(m).double()
     with torch.no_grad():
@@ -59,7 +59,7 @@ def reference64(m: torch.nn.Module, x: torch.Tensor, tol: float = TOL) -> tuple[
 def check_cases(m: torch.nn.Module, device: str = "cuda") -> dict[str, tuple]:
     """(module, input, smem_limit) per check of the fused kernel beyond P27 itself: the shapes in
     ``SHAPES``, P27 planned as on GPUs with less shared memory, and P27 inputs shifted by ±1000."""
-    from .check import rand
+    from ..harness.check import rand
 
     p = P27_CONV3D_GN_MEAN
     cases = {f"ours {s}": (model(s[1], s[5], s[6], seed=sum(s), device=device),
@@ -178,7 +178,7 @@ def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in
     stages in shared memory (right)."""
     import matplotlib.pyplot as plt
 
-    from . import plots
+    from ..harness import plots
 
     _, ho, wo = out_shape
     cols, warps = dz["cols"], dz["warps_per_group"]
@@ -217,7 +217,7 @@ def plot_ladder(steps, floor_ms: float, rec: Mapping):
     the FFMA floor dotted; coloured by the provider each variant declares in ``rec``."""
     import matplotlib.pyplot as plt
 
-    from . import plots
+    from ..harness import plots
 
     timed = [s for s in steps if s["variant"]]
     fig, ax = plt.subplots(figsize=(8, 0.42 * len(timed) + 1.2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # kernelbook/harness/paths.py -> the repository
 KERNELS = ROOT / "kernels"
 RESULTS = ROOT / "results"
 NOTEBOOKS = ROOT / "notebooks"

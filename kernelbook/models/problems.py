@@ -68,7 +68,7 @@ def load_solution(problem: Problem):
     first use)."""
     import importlib.util
 
-    from .paths import ROOT
+    from ..harness.paths import ROOT
 
     path = ROOT / "solutions" / f"{problem.name}.py"
     spec = importlib.util.spec_from_file_location(f"solution_{problem.name.split('_')[0]}", path)
@@ -85,7 +85,7 @@ def kernelbench_check(problem: Problem, make_new, device: str = "cuda", batch: i
 
     Returns one row per trial and the two modules (for comparing their state afterwards).
     """
-    from . import precision
+    from ..harness import precision
 
     precision.defaults()
     torch.manual_seed(42)

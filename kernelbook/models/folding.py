@@ -110,7 +110,7 @@ def eval_reference(model: nn.Module, scale: float, x: torch.Tensor) -> tuple[tor
     how much the products cancel."""
     import copy
 
-    from .check import dot_tol
+    from ..harness.check import dot_tol
 
     m64 = copy.deepcopy(model).double()
     w64, b64 = fold(m64.conv, m64.bn, scale)
@@ -122,7 +122,7 @@ def eval_reference(model: nn.Module, scale: float, x: torch.Tensor) -> tuple[tor
 
 def conv_case(shape, seed: int, device: str = "cuda", k: int = 3):
     """x, W, b of a convolution check (shape = N, C_in, H, W, C_out), its float64 output and tolerance."""
-    from .check import dot_tol, rand
+    from ..harness.check import dot_tol, rand
 
     n, c_in, h, w, c_out = shape
     x = rand((n, c_in, h, w), seed=seed, device=device)
@@ -136,7 +136,7 @@ def conv_case(shape, seed: int, device: str = "cuda", k: int = 3):
 def pinned(fn, tf32: bool | None):
     """``fn`` run under ``torch.no_grad()`` and, unless ``tf32`` is None, with cuDNN's TF32 switch set
     (``kb.precision``) at every call, so a variant's precision never depends on the one before."""
-    from . import precision
+    from ..harness import precision
 
     def run():
         with torch.no_grad():
@@ -186,7 +186,7 @@ def plot_fold(model: nn.Module, scale: float):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from . import plots
+    from ..harness import plots
 
     bn, conv = model.bn, model.conv
     with torch.no_grad():
@@ -222,7 +222,7 @@ def run_sweep(shapes, x, w, b, y, chapter: str) -> list[dict]:
     against float64 and time it (GPU only). Rows: the shape, rel_err, median ms."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from . import build, check, timing
+    from ..harness import build, check, timing
 
     with ThreadPoolExecutor(len(shapes)) as pool:
         mods = list(pool.map(lambda d: build.load("conv2d_folded", defines=d), shapes))
@@ -243,7 +243,7 @@ def sweep_table(rows: list[dict], capability: str, flop: float):
     spilled bytes, resident blocks and warps per SM, TFLOP/s."""
     import pandas as pd
 
-    from . import build, device, timing
+    from ..harness import build, device, timing
 
     sweep = pd.DataFrame(rows)
     arch = capability.replace(".", "")
@@ -366,7 +366,7 @@ def rounding(model: nn.Module, scale: float, x: torch.Tensor):
     float64 and rounded once), each checked against float64: (table, tolerance)."""
     import pandas as pd
 
-    from .check import assert_close
+    from ..harness.check import assert_close
 
     F = nn.functional
     with torch.no_grad():
@@ -381,7 +381,7 @@ def rounding(model: nn.Module, scale: float, x: torch.Tensor):
 
 def edge_errors(model: nn.Module, scale: float, x: torch.Tensor) -> dict:
     """Each of ``EDGE_CASES``: the unfolded and the folded path's errors against float64 (asserted)."""
-    from .check import assert_close
+    from ..harness.check import assert_close
 
     out = {}
     for case in EDGE_CASES:
@@ -411,7 +411,7 @@ def resources(archs=("75", "80", "90")):
     """Registers and shared memory of both kernels per architecture; asserts nothing spills."""
     import pandas as pd
 
-    from . import build, show
+    from ..harness import build, show
 
     res = pd.DataFrame([r for a in archs for r in build.resources("conv2d_folded", a)])
     spills = res[["spill_store_bytes", "spill_load_bytes", "stack_bytes"]]
@@ -430,7 +430,7 @@ def gpu_checks(mod, model: nn.Module, scale: float, problem, device: str = "cuda
     call time around the tiled kernel, each against float64 (asserted). GPU only."""
     import copy
 
-    from . import check
+    from ..harness import check
 
     out = {}
     shapes = [(*problem.input_shape, problem.init_args[1]), *CHECK_SHAPES]
@@ -453,7 +453,7 @@ def gpu_checks(mod, model: nn.Module, scale: float, problem, device: str = "cuda
 
 def bad_inputs(mod, device: str = "cuda") -> dict:
     """The tiled kernel's binding on inputs it must refuse: case → the first line of its message."""
-    from .check import error_message
+    from ..harness.check import error_message
 
     x, w, b = (torch.rand(*s, device=device) for s in ((2, 3, 6, 7), (5, 3, 3, 3), (5,)))
     w5, out_bad = torch.rand(5, 3, 5, 5, device=device), torch.empty(2, 5, 4, 4, device=device)
@@ -483,7 +483,7 @@ def eval_variants(mod, model: nn.Module, scale: float, problem, counts: dict, de
     here), plus the inputs they share: (variants, (x, W', b', y)). GPU only."""
     import copy
 
-    from . import measure
+    from ..harness import measure
 
     F = nn.functional
     torch.backends.cudnn.benchmark = True  # let cuDNN pick its fastest algorithm per shape
@@ -522,7 +522,7 @@ def measure_eval(rec: dict, variants: dict, model: nn.Module, x: torch.Tensor, c
     SM clock right after the runs. Fills ``rec``; returns the timing table. GPU only."""
     import copy
 
-    from . import check, device, measure, profile
+    from ..harness import check, device, measure, profile
 
     with torch.no_grad():
         ref = copy.deepcopy(model).to(x.device).double().eval()(x.double())
@@ -561,7 +561,7 @@ def measure_numbers(t, rec: dict, peak: float) -> dict:
 
     med, err = t["median ms"], t["error vs float64"]
     ours_ms = med["ours_fast"]
-    from .records import made_on
+    from ..harness.records import made_on
 
     if made_on(rec, "h200"):  # the book's claim, for the GPU it was made on
         assert ours_ms < med["cudnn_folded_fp32"], "the tiled kernel should beat cuDNN's fp32 convolution"
@@ -601,7 +601,7 @@ def _breakable(name: str) -> str:
 def profile_numbers(prof) -> dict:
     """What the profile table (``rec["kernels"]``, names shortened) says, for the prose: eager's
     kernels and their times (Markdown), cuDNN's convolution and other kernels on the folded weights, ours."""
-    from . import profile
+    from ..harness import profile
 
     eager = prof[prof.variant == "eager_eval"]
     ours_us = profile.kernel_us(prof, "ours_fast", "conv2d_tiled")

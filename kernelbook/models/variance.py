@@ -364,7 +364,7 @@ def cancellation_picture(ax, x: np.ndarray) -> dict[str, float]:
     for the variance coloured; returns the numbers drawn."""
     from matplotlib.patches import Rectangle
 
-    from .plots import BASELINE, CEILING, OURS
+    from ..harness.plots import BASELINE, CEILING, OURS
 
     x32 = np.asarray(x, dtype=np.float32)
     n = np.float32(x32.size)
@@ -538,7 +538,7 @@ def run_checks(gs, algos, cases, device="cuda", gn_cases=None) -> dict:
     import torch
     from torch import nn
 
-    from . import check
+    from ..harness import check
 
     out = {}
     gn_cases = GN_CHECK_CASES if gn_cases is None else gn_cases
@@ -574,7 +574,7 @@ def accuracy_p27_sized(gs, h, groups: int, algos) -> dict:
     and on N(0, 1) + 1e4 of the same shape, with the largest μ/σ and the negative one-pass variances."""
     import torch
 
-    from . import check
+    from ..harness import check
 
     gen = torch.Generator(device=h.device).manual_seed(1)
     datasets = {"P27 real": lambda: h, "P27 real + 1000": lambda: h + 1000.0,
@@ -600,7 +600,7 @@ def bad_inputs(gs, device="cuda") -> tuple[dict, list]:
     of an empty batch (N = 0 is not an error)."""
     import torch
 
-    from .check import error_message as msg
+    from ..harness.check import error_message as msg
 
     x = torch.rand(2, 4, 5, device=device)
     w = "welford"

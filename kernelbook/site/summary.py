@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .paths import RESULTS, ROOT
-from .records import on_gpu, results_gpu
+from ..harness.paths import RESULTS, ROOT
+from ..harness.records import on_gpu, results_gpu
 
 ROOFLINE = "03_roofline"  # the chapter that measures the ceilings: FP32 FMA throughput and copy bandwidth
 
@@ -148,7 +148,7 @@ def _floor_note(gpu_slug: str | None, root: Path) -> str:
 
 def built_on() -> str:
     """How this build runs the chapters, in one sentence: live on a GPU, or from records without one."""
-    from .device import gpu
+    from ..harness.device import gpu
 
     g = gpu()
     if g is None:

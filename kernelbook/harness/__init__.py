@@ -1,0 +1,1 @@
+"""The bench: build, check, time, profile and record kernels (``kb.build``, ``kb.check``, ...)."""

@@ -1,0 +1,1 @@
+"""What the book's pages assemble from the records: ``kb.summary`` (the intro's table)."""
