@@ -98,7 +98,7 @@ CHECK_SHAPES = [(256, 256, 256), (130, 132, 36), (1, 4, 4), (37, 12, 20), (129, 
 def check_versions(mod, shapes=CHECK_SHAPES, seed: int = 0) -> list[dict]:
     """Every version in 3xTF32, and plain TF32, against float64 on ``shapes``, beside cuBLAS's float32
     product of the same inputs: one row per shape and version, errors relative to the largest |ref|."""
-    from . import check, precision
+    from ..harness import check, precision
 
     rows = []
     for m, n, k in shapes:
@@ -117,7 +117,7 @@ def check_versions(mod, shapes=CHECK_SHAPES, seed: int = 0) -> list[dict]:
 def error_growth(mod, ks=(64, 512, 2048, 8192), mn: int = 256, seed: int = 5) -> list[dict]:
     """Relative error against float64 of the chained (v1) and per-step (v5) 3xTF32 products and of
     cuBLAS in float32, as K grows (M = N = ``mn``)."""
-    from . import check, precision
+    from ..harness import check, precision
 
     rows = []
     for k in ks:
