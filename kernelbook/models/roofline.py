@@ -315,6 +315,7 @@ class Placed:
     counts: Counts
     math: str
     provider: str
+    role: str = ""
 
 
 def placed(rec: dict) -> dict[str, Placed]:
@@ -327,7 +328,8 @@ def placed(rec: dict) -> dict[str, Placed]:
             continue
         write = int(c.get("write", 0))
         read = int(c["read"]) if "read" in c else int(c["bytes"]) - write
-        out[v] = Placed(Counts(int(c["flop"]), read, write), d.get("math", "fp32"), d["provider"])
+        out[v] = Placed(Counts(int(c["flop"]), read, write), d.get("math", "fp32"), d["provider"],
+                        d.get("role", ""))
     return out
 
 
@@ -351,7 +353,9 @@ def recorded(paths: Iterable[Path] | None = None, gpu_slug: str | None = None,
 
 def points(records: Iterable[dict] | None = None):
     """One row per recorded variant whose counts are known (default: every H200 record): chapter,
-    variant, math, FLOP, bytes, intensity, median ms, achieved TFLOP/s and GB/s."""
+    variant, provider, math, role, FLOP, bytes, intensity, median ms, achieved TFLOP/s and GB/s. A
+    variant that moves no DRAM bytes (a registers-only rate kernel) has no place on the intensity
+    axis and is left out."""
     import pandas as pd
 
     rows = []
@@ -359,11 +363,13 @@ def points(records: Iterable[dict] | None = None):
         for v, pl in placed(rec).items():
             t = rec["timings_ms"][v]["median"]
             c = pl.counts
+            if c.bytes == 0:
+                continue
             rows.append({"chapter": rec["chapter"], "variant": v, "provider": pl.provider,
-                         "math": pl.math, "FLOP": c.flop, "bytes": c.bytes,
+                         "math": pl.math, "role": pl.role, "FLOP": c.flop, "bytes": c.bytes,
                          "FLOP/byte": c.intensity, "median_ms": t, "TFLOP/s": c.flop / (t * 1e-3) / 1e12,
                          "GB/s": c.bytes / (t * 1e-3) / 1e9})
-    cols = ["chapter", "variant", "provider", "math", "FLOP", "bytes", "FLOP/byte", "median_ms",
+    cols = ["chapter", "variant", "provider", "math", "role", "FLOP", "bytes", "FLOP/byte", "median_ms",
             "TFLOP/s", "GB/s"]
     return pd.DataFrame(rows, columns=cols)
 
@@ -372,6 +378,7 @@ def with_bounds(df, peak: dict[str, float], bandwidth: float):
     """``points`` plus the roofline's lower bound per row (compute ceiling chosen by its ``math``) and
     measured / bound: 1.0 would be a kernel on the roof."""
     out = df.copy()
+    peak = {"3xtf32": peak["tf32"] / 3, **peak} if "tf32" in peak else dict(peak)  # three TF32 products
     rates = [peak.get(m, peak["fp32"]) for m in out["math"]]  # an arithmetic without a rate: FP32's
     out["bound_ms"] = [1e3 * max(f / p, b / bandwidth)
                        for f, b, p in zip(out["FLOP"], out["bytes"], rates, strict=True)]
@@ -765,11 +772,12 @@ def bound_by(c: Counts, ridge_point: float) -> str:
 
 
 def closest_to_bound(bounded, chapter: str, defining: Iterable[str]):
-    """The rows of ``with_bounds`` that hold a model's counts, less ``chapter``'s rate-defining variants
-    (asserting none is below 0.9× its bound), and the one closest to its bound."""
-    defining = bounded["variant"].isin(list(defining)) & (bounded["chapter"] == chapter)
-    modelled = (bounded["counts"] == "model") | (bounded["chapter"] == chapter)
-    checked = bounded[~defining & modelled]
+    """The rows of ``with_bounds`` less the rate-defining variants — ``chapter``'s ``defining`` ones and
+    every variant declared with the role "reference-rate" — asserting none is below 0.9× its bound,
+    and the one closest to its bound."""
+    defining = (bounded["variant"].isin(list(defining)) & (bounded["chapter"] == chapter)) | (
+        bounded["role"] == "reference-rate")
+    checked = bounded[~defining]
     assert (checked["measured / bound"] >= 0.9).all(), checked.nsmallest(3, "measured / bound")
     return checked.loc[checked["measured / bound"].idxmin()]
 
