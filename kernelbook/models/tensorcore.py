@@ -186,19 +186,21 @@ torch.cuda.synchronize()
 
 
 def ncu_table(rows: list[dict]):
-    """Nsight Compute's rows as variant × counter, with short names, and the warp instructions issued
-    per tensor-core instruction (HMMA: mma.sync; HGMMA: wgmma, a 64-row product per instruction)."""
+    """Nsight Compute's rows as variant × counter, with short names: % of cycles the tensor pipe was
+    active, % of issue slots used, % of warp slots occupied, tensor-core instructions (HMMA for
+    ``mma.sync``; the counter includes HGMMA, ``wgmma``'s, of which the next column says how many),
+    shared-memory bank conflicts, and warp instructions issued per tensor-core instruction."""
     import pandas as pd
 
     t = pd.DataFrame(rows).pivot_table(index="variant", columns="metric", values="value", aggfunc="sum")
     pct = ".avg.pct_of_peak_sustained_active"
     out = pd.DataFrame({
-        "tensor pipe active %": t["sm__pipe_tensor_op_hmma_cycles_active" + pct],
-        "issue active %": t["smsp__issue_active" + pct],
-        "warps active %": t["sm__warps_active" + pct],
-        "HMMA": t["sm__inst_executed_pipe_tensor_op_hmma.sum"],
-        "HGMMA": t["sm__inst_executed_pipe_tensor_op_gmma.sum"],
-        "bank conflicts": t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"],
+        "tensor pipe %": t["sm__pipe_tensor_op_hmma_cycles_active" + pct],
+        "issue %": t["smsp__issue_active" + pct],
+        "warps %": t["sm__warps_active" + pct],
+        "TC instr.": t["sm__inst_executed_pipe_tensor_op_hmma.sum"],  # counts the HGMMA too
+        "of which HGMMA": t["sm__inst_executed_pipe_tensor_op_gmma.sum"],
+        "smem bank conflicts": t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"],
     })
-    out["instructions per tensor-core instruction"] = t["smsp__inst_executed.sum"] / out["HMMA"]
-    return out  # (the HMMA counter counts the HGMMA too: every tensor-core instruction)
+    out["instr. / TC instr."] = t["smsp__inst_executed.sum"] / out["TC instr."]
+    return out
