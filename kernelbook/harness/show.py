@@ -112,6 +112,15 @@ def _frame(data):
     return pd.DataFrame(list(data))
 
 
+def _header(text: str) -> str:
+    """A column header as HTML: words wrap whole; an identifier too long for a narrow column (a metric
+    or variable name) may also break after each ``_``, ``.`` or ``/`` in it, never inside a word."""
+    words = []
+    for w in html.escape(text).split(" "):
+        words.append(re.sub(r"([_./])(?=\w)", r"\1<wbr>", w) if len(w) > 12 else w)
+    return " ".join(words)
+
+
 def table_html(data, formats: Mapping[str, str | Callable] | None = None, title: str | None = None,
                collapse: bool | None = None, index: bool | None = None) -> str:
     """The HTML of ``table`` (see there)."""
@@ -122,7 +131,7 @@ def table_html(data, formats: Mapping[str, str | Callable] | None = None, title:
     show_index = index if index is not None else not isinstance(df.index, pd.RangeIndex)
     cols = list(df.columns)
     kinds = {c: formats.get(str(c)) or _infer_kind(str(c), df[c].tolist()) for c in cols}
-    head = "".join(f"<th>{html.escape(HEADERS.get(str(c), str(c)))}</th>"
+    head = "".join(f"<th>{_header(HEADERS.get(str(c), str(c)))}</th>"
                    for c in ([df.index.name or ""] if show_index else []) + cols)
     rows = []
     for idx, row in zip(df.index, df.itertuples(index=False), strict=True):
