@@ -1,0 +1,24 @@
+"""The table helper's headers: words stay whole; long identifiers may break after _ . / only."""
+
+from __future__ import annotations
+
+from kernelbook import show
+
+
+def test_short_headers_and_words_stay_whole():
+    assert show._header("issue %") == "issue %"
+    assert show._header("instr. / TC instr.") == "instr. / TC instr."
+    assert "<wbr>" not in show._header("instructions per tensor-core instruction")
+
+
+def test_long_identifiers_break_after_separators_and_stay_escaped():
+    assert show._header("spill_store_bytes") == "spill_<wbr>store_<wbr>bytes"
+    metric = show._header("smsp__issue_active.avg.pct_of_peak_sustained_active")
+    assert metric.replace("<wbr>", "") == "smsp__issue_active.avg.pct_of_peak_sustained_active"
+    assert "active.<wbr>avg" in metric
+    assert show._header("a<b & ccc_ddd_eee_fff") == "a&lt;b &amp; ccc_<wbr>ddd_<wbr>eee_<wbr>fff"
+
+
+def test_table_html_uses_the_headers():
+    html = show.table_html({"r": {"spill_store_bytes": 4, "issue %": 39.4}})
+    assert "<th>spill_<wbr>store_<wbr>bytes</th>" in html and "<th>issue %</th>" in html
