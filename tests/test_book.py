@@ -91,7 +91,7 @@ def test_no_cell_failed_or_warned(site):
 
 @pytest.mark.book
 def test_method_chapter_shows_recorded_results_and_resources(site):
-    html = (site / "notebooks" / "00_method.html").read_text()
+    html = (site / "notebooks" / "00_method.html").read_text().replace("<wbr>", "")  # header breaks
     if kb.gpu() is None:  # with a GPU the chapter runs live and shows no note
         assert "Recorded GPU results" in html and "H200" in html
     assert "scale_vec4_kernel" in html and "spill_store_bytes" in html
