@@ -9,6 +9,9 @@
 // C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
+// math picks the output convolution's arithmetic (eval, and the moments path of training): "fp32" (FFMA),
+// "3xtf32" (tensor cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it runs, else fp32).
+// The in-place training strategy computes its convolution with FFMA whatever math says.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -74,21 +77,44 @@ void check_channel_vector(const char* op, const std::optional<torch::Tensor>& t,
 
 const float* ptr_or_null(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
 
+// The output convolution's arithmetic for x on its GPU: math "auto" → 3xTF32 where it runs (sm_80 or newer,
+// C_in ≤ 8), FFMA otherwise; "3xtf32" where it cannot run is an error that says why.
+int resolve_math(const char* op, const std::string& math, const torch::Tensor& x) {
+    KB_CHECK(math == "auto" || math == "fp32" || math == "3xtf32", op,
+             ": math must be 'auto', 'fp32' or '3xtf32', got '", math, "'");
+    if (math == "fp32") return kCbsFp32;
+    int major = 0, minor = 0;
+    kb::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.device().index()), op,
+                   "reading the GPU's compute capability");
+    kb::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.device().index()), op,
+                   "reading the GPU's compute capability");
+    const bool gpu_ok = major >= 8, channels_ok = x.size(1) <= cbs_tf32_max_channels();
+    if (math == "auto") return gpu_ok && channels_ok ? kCbs3xTf32 : kCbsFp32;
+    KB_CHECK(gpu_ok, op, ": math='3xtf32' needs tensor cores with TF32 (sm_80 or newer); this GPU is sm_",
+             major * 10 + minor, " (use math='fp32' or 'auto')");
+    KB_CHECK(channels_ok, op, ": math='3xtf32' supports at most ", cbs_tf32_max_channels(),
+             " input channels, got ", x.size(1), " (use math='fp32' or 'auto')");
+    return kCbs3xTf32;
+}
+
+std::string math_name(int math) { return math == kCbs3xTf32 ? "3xtf32" : "fp32"; }
+
 }  // namespace
 
 // Eval mode: y = conv2d(x, folded_w, folded_b), stride 1, no padding.
 torch::Tensor conv_bn_scale_eval(const torch::Tensor& x, const torch::Tensor& folded_w,
                                  const std::optional<torch::Tensor>& folded_b,
-                                 const std::optional<torch::Tensor>& out) {
+                                 const std::optional<torch::Tensor>& out, const std::string& math) {
     constexpr const char* op = "conv_bn_scale_eval";
     torch::Tensor y = checked_output(op, x, folded_w, folded_b, out);
-    if (y.numel() == 0) return y;
     const c10::cuda::CUDAGuard guard(x.device());
+    const int m = resolve_math(op, math, x);
+    if (y.numel() == 0) return y;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     kb::check_launch(launch_cbs_eval(x.data_ptr<float>(), folded_w.data_ptr<float>(), ptr_or_null(folded_b),
                                      y.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
                                      static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                                     static_cast<int>(folded_w.size(0)), stream),
+                                     static_cast<int>(folded_w.size(0)), m, stream),
                      op);
     return y;
 }
@@ -102,10 +128,13 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                                   const std::optional<torch::Tensor>& running_var,
                                   const std::optional<torch::Tensor>& num_batches_tracked,
                                   std::optional<double> momentum, double eps, double scale,
-                                  const std::optional<torch::Tensor>& out, const std::string& strategy) {
+                                  const std::optional<torch::Tensor>& out, const std::string& strategy,
+                                  const std::string& math) {
     constexpr const char* op = "conv_bn_scale_train";
     KB_CHECK(strategy == "auto" || strategy == "moments" || strategy == "inplace", op,
              ": strategy must be 'auto', 'moments' or 'inplace', got '", strategy, "'");
+    KB_CHECK(strategy != "inplace" || math != "3xtf32", op, ": the in-place strategy computes its convolution ",
+             "with FFMA (its epilogue gathers the statistics); math='3xtf32' needs strategy 'moments' or 'auto'");
     KB_CHECK(strategy != "moments" || x.dim() != 4 || x.size(1) <= cbs_moments_max_channels(), op,
              ": the moments strategy supports at most ", cbs_moments_max_channels(), " input channels, got ",
              x.size(1), " (use strategy='inplace' or 'auto')");
@@ -130,6 +159,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     const auto fopts = x.options();
     const int c_in = static_cast<int>(x.size(1));
+    const int m = resolve_math(op, math, x);
     if (strategy == "auto" && c_in <= cbs_moments_max_channels()) {
         int64_t slots = 0;
         kb::check_cuda(cbs_train_slots(N, c_in, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
@@ -150,7 +180,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                 w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), staged.data_ptr<float>(),
                 mab.data_ptr<float>(), partial.data_ptr(), slots, N, c_in, static_cast<int>(x.size(2)),
                 static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                static_cast<float>(eps), static_cast<float>(scale), stream),
+                static_cast<float>(eps), static_cast<float>(scale), m, stream),
             op);
         return y;
     }
@@ -166,7 +196,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                 tracking ? num_batches_tracked->data_ptr<int64_t>() : nullptr, acc.data_ptr<double>(),
                 w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), N, c_in, static_cast<int>(x.size(2)),
                 static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                static_cast<float>(eps), static_cast<float>(scale), stream),
+                static_cast<float>(eps), static_cast<float>(scale), m, stream),
             op);
         return y;
     }
@@ -214,6 +244,14 @@ std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tenso
     return flag != 0 ? "inplace" : "moments";
 }
 
+// The arithmetic math='auto' (or the given math) picks for x on its GPU: 'fp32' or '3xtf32'.
+std::string conv_bn_scale_math(const torch::Tensor& x, const std::string& math) {
+    constexpr const char* op = "conv_bn_scale_math";
+    kb::check_dim(x, 4, "(N, C_in, H, W)", op, "x");
+    kb::check_tensor(x, op, "x");
+    return math_name(resolve_math(op, math, x));
+}
+
 // The compile-time configuration: rows per thread, channels per thread, channel groups, warp rows, minimum
 // blocks per SM, cp.async staging, dynamic shared memory bytes (eval, train).
 std::vector<int64_t> conv_bn_scale_config() {
@@ -229,10 +267,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "statistics; updates the running statistics in place",
           arg("x"), arg("conv_w"), arg("conv_b"), arg("bn_w"), arg("bn_b"), arg("running_mean"), arg("running_var"),
           arg("num_batches_tracked"), arg("momentum"), arg("eps"), arg("scale"), arg("out") = pybind11::none(),
-          arg("strategy") = "auto");
+          arg("strategy") = "auto", arg("math") = "auto");
     m.def("conv_bn_scale_eval", &conv_bn_scale_eval,
           "conv2d(x, folded_w, folded_b), 3x3, stride 1, no padding: eval-mode P73 with BN and the scale folded in",
-          arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none());
+          arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none(), arg("math") = "auto");
+    m.def("conv_bn_scale_math", &conv_bn_scale_math,
+          "The output convolution's arithmetic that `math` resolves to for x on its GPU: 'fp32' (FFMA) or "
+          "'3xtf32' (tensor cores, float32-accurate; math='auto' picks it on sm_80+ when C_in <= 8)",
+          arg("x"), arg("math") = "auto");
     m.def("conv_bn_scale_auto_choice", &conv_bn_scale_auto_choice,
           "The path strategy='auto' takes for this batch and filter: 'moments', or 'inplace' when u*kappa of some "
           "output channel exceeds the guard's tolerance (synchronises: for inspection)",

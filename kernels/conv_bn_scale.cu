@@ -34,6 +34,7 @@
 #include "bn_stats.cuh"      // chapter 1's finalize, running-statistics update, apply map and grid (shared)
 #include "conv_bn_scale.h"
 #include "conv_moments.cuh"  // training statistics from the input's moments
+#include "conv_tf32.cuh"     // the 3xTF32 tensor-core convolution
 #include "welford.cuh"
 
 #ifndef KB_CBS_RPT
@@ -551,6 +552,8 @@ cudaError_t launch_apply_inplace(const Apply& p, const unsigned* guard, cudaStre
 
 }  // namespace cbs
 
+int cbs_tf32_max_channels() { return cbt::CI; }
+
 // The kernels' filter size (the binding names it when given another).
 int cbs_kernel_size() { return cbs::K3; }
 
@@ -591,9 +594,12 @@ void cbs_config(int* out) {
 
 namespace cbs {
 
-// Eval mode: y = conv(x, w) + b; with a guard, only when *guard == 0 ("auto" chose the moments).
+// Eval mode: y = conv(x, w) + b, by FFMA or on the tensor cores (math); with a guard, only when *guard == 0
+// ("auto" chose the moments).
 cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                 int C_out, const unsigned* guard, cudaStream_t stream) {
+                 int C_out, const unsigned* guard, int math, cudaStream_t stream) {
+    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, stream);
+    if (math != kCbsFp32) return cudaErrorInvalidValue;
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles == 0) return cudaSuccess;
     if (tiles > INT_MAX) return cudaErrorInvalidValue;
@@ -691,8 +697,8 @@ bool moments_ok(int64_t N, int C_in, int H, int W) {
 
 // Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
 cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, cudaStream_t stream) {
-    return cbs::eval(x, w, b, y, N, C_in, H, W, C_out, nullptr, stream);
+                            int W, int C_out, int math, cudaStream_t stream) {
+    return cbs::eval(x, w, b, y, N, C_in, H, W, C_out, nullptr, math, stream);
 }
 
 // Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
@@ -723,13 +729,13 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                      int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, cudaStream_t stream) {
+                                     float scale, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
                           nullptr, nullptr, C_out, momentum, eps, scale};
     const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
     if (err != cudaSuccess) return err;
-    return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, stream);
+    return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, math, stream);
 }
 
 // "auto" (C_in ≤ 8): the moments' statistics and fold with the guard, then both strategies' launches, each
@@ -740,7 +746,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   const float* beta, float* running_mean, float* running_var,
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale,
+                                  int H, int W, int C_out, float momentum, float eps, float scale, int math,
                                   cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
     if (!cbs::moments_ok(N, C_in, H, W) || !cbs::inplace_ok(N, H, W, C_out, slots, y) ||
@@ -757,7 +763,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
-    err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, stream);  // flag 0
+    err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, math, stream);  // flag 0
     if (err != cudaSuccess) return err;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
                               partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,

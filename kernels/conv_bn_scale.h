@@ -8,9 +8,14 @@
 
 #include <cstdint>
 
+// The arithmetic of the output convolution (eval mode, and the moments training strategy): FFMA in float32, or
+// the 3xTF32 split on the tensor cores (conv_tf32.cuh: sm_80 or newer, C_in ≤ cbs_tf32_max_channels()).
+// The in-place training strategy's convolution is always FFMA (its epilogue gathers the statistics).
+enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1 };
+
 // Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
 cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, cudaStream_t stream);
+                            int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
 // Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1]
@@ -28,7 +33,7 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                      int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, cudaStream_t stream);
+                                     float scale, int math, cudaStream_t stream);
 
 // "auto" (C_in ≤ 8): the moments with the guard, then both strategies' launches, gated on the GPU by the guard's
 // flag (no host synchronisation). Workspaces: those of both strategies, and staged [2·C_out] floats when the
@@ -37,7 +42,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   const float* beta, float* running_mean, float* running_var,
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale,
+                                  int H, int W, int C_out, float momentum, float eps, float scale, int math,
                                   cudaStream_t stream);
 
 // The guard alone: the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
@@ -45,6 +50,8 @@ cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* 
                                    float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
                                    cudaStream_t stream);
 
+// The most input channels the 3xTF32 convolution takes (8: one mma k-step per filter tap).
+int cbs_tf32_max_channels();
 // The filter size the kernels are specialised for (3).
 int cbs_kernel_size();
 // The largest output plane (HO·WO floats) the in-place apply's grid covers.

@@ -9,7 +9,7 @@
 // Tiling (every version): a block computes a BM×BN tile of C from BK-wide slabs of A and B staged in
 // shared memory, two stages deep (the next slab loads while this one is used). Each of its 8 warps owns
 // a WM×WN tile, i.e. (WM/16)×(WN/8) mma.sync.m16n8k8 tiles, and keeps their accumulators in registers.
-// Three versions, each kept so that the book can measure what each change bought:
+// Five versions, each kept so that the book can measure what each change bought:
 //   v1  slabs staged raw by cp.async, every fragment split as it is loaded, the three products chained
 //       on the accumulator across all of K;
 //   v2  as v1, but each 8-deep step's products start from zero and join the accumulator in an FADD;
@@ -19,6 +19,7 @@
 //   v5  as v4, with hi and lo in separate planes, A's fragments loaded by ldmatrix (one instruction
 //       per fragment) and B's by 32-bit loads straight into the registers the mma reads: no moves.
 #include "gemm_3xtf32.h"
+#include "tf32.cuh"  // split and mma, shared with the tensor-core convolution
 
 #include <cstdint>
 
@@ -80,28 +81,8 @@ __device__ __forceinline__ void stage(float* As, float* Bs, const float* __restr
 #endif
 }
 
-// excerpt: split
-// x = hi + lo, both TF32 (hi: x rounded to nearest TF32; lo: the remainder, rounded again).
-__device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
-#if __CUDA_ARCH__ >= 800
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
-#else
-    hi = __float_as_uint(x), lo = 0u;
-#endif
-}
-
-// acc += a·b for one 16×8×8 tile on the tensor cores (TF32 inputs, float32 accumulation).
-__device__ __forceinline__ void mma(float (&acc)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-// end excerpt: split
+using kb::mma;    // tf32.cuh
+using kb::split;
 
 template <int PASSES, bool CHAINED>
 __global__ void __launch_bounds__(THREADS) gemm_tf32_kernel(const float* __restrict__ a,
@@ -157,10 +138,11 @@ __global__ void __launch_bounds__(THREADS) gemm_tf32_kernel(const float* __restr
                         mma(acc[i][j], a_hi[i], b_lo[j]);
                         mma(acc[i][j], a_hi[i], b_hi[j]);
                     } else if (PASSES == 3) {
-                        // The tensor cores round their sums toward zero: accumulated across all of K in
-                        // the mma, that bias grows with K (5.7e-5 at K = 8192 on an H200, where float32
-                        // FFMA errs 1.6e-6). So each 8-deep step's three products (small terms first)
-                        // start from zero, and the step joins the accumulator in a rounded FADD.
+                        // Accumulated across all of K inside the mma, the error grows in proportion to K
+                        // (5.7e-5 at K = 8192 on an H200, where float32 FFMA errs 1.6e-6): the tensor
+                        // cores' additions behave like rounding toward zero. So each 8-deep step's three
+                        // products (small terms first) start from zero, and the step joins the
+                        // accumulator in a rounded FADD.
                         float step[4] = {0.f, 0.f, 0.f, 0.f};
                         mma(step, a_lo[i], b_hi[j]);
                         mma(step, a_hi[i], b_lo[j]);
