@@ -1,5 +1,7 @@
 // conv_bn_scale.cu — P73 (Conv2d 3×3 → BatchNorm2d → ·s) fused, in training and eval mode. NCHW float32,
-// stride 1, no padding, plain FFMA (no TF32).
+// stride 1, no padding. The convolution below is plain FFMA (no TF32); the eval mode and the moments strategy
+// can instead write their output with the 3xTF32 tensor-core convolution of conv_tf32.cuh (argument math),
+// which is float32-accurate too.
 //
 // One direct-convolution kernel, compiled twice (template kStats):
 //   eval  (kStats = false): y = conv(x, W') + b' with W', b' folded from the eval-mode BN and s

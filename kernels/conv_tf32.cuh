@@ -13,26 +13,16 @@
 // channels × 8 pixels, whose accumulators stay in registers. Persistent blocks walk the tiles; the next
 // tile's input rows are copied (cp.async) while this one is computed. The filter is split once per block
 // into TF32 (hi, lo) planes, stored in the order of the A fragments (one 16-byte load per fragment); each
-// input value is split as its B fragment is loaded.
+// input value is split (split_fast) as its B fragment is loaded.
 // Each step's three products (small terms first) start from zero and join the accumulator in a rounded
-// FADD, as in gemm_3xtf32.cu's versions 2–5: chained through all of K inside the mma, the error would grow
-// with K.
+// FADD, as in gemm_3xtf32.cu's versions 2–5: chained through all 27 products inside the mma instead, P73's
+// error against float64 was ten times larger (8.5e-7 against 8.4e-8 on an H200) and no faster.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "tf32.cuh"
-
-#ifndef KB_CBT_MIN_BLOCKS
-#define KB_CBT_MIN_BLOCKS 2  // resident blocks per SM the registers are capped for (2: at most 128 per thread)
-#endif
-#ifndef KB_CBT_SPLIT
-#define KB_CBT_SPLIT 1  // the input's split: 1 kb::split_fast (four instructions), 0 kb::split (cvt.rna)
-#endif
-#ifndef KB_CBT_JOIN
-#define KB_CBT_JOIN 1  // 1: each tap's products join the accumulator in an FADD; 0: chained through all of K
-#endif
 
 namespace cbt {
 
@@ -159,13 +149,8 @@ __device__ __forceinline__ void compute(float (&acc)[MT][NT][4], const float* in
 #pragma unroll
         for (int j = 0; j < NT; ++j) {  // the tap shifts the window: row kh, column kw
             const float* p = xb + (k / K3) * PITCH + k % K3 + 8 * j;
-            if (KB_CBT_SPLIT) {
-                kb::split_fast(p[0], b_hi[j][0], b_lo[j][0]);
-                kb::split_fast(p[4 * CSTRIDE], b_hi[j][1], b_lo[j][1]);
-            } else {
-                kb::split(p[0], b_hi[j][0], b_lo[j][0]);
-                kb::split(p[4 * CSTRIDE], b_hi[j][1], b_lo[j][1]);
-            }
+            kb::split_fast(p[0], b_hi[j][0], b_lo[j][0]);
+            kb::split_fast(p[4 * CSTRIDE], b_hi[j][1], b_lo[j][1]);
         }
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
@@ -174,15 +159,6 @@ __device__ __forceinline__ void compute(float (&acc)[MT][NT][4], const float* in
             const uint4 h = *reinterpret_cast<const uint4*>(w_hi + f);
             const uint4 l = *reinterpret_cast<const uint4*>(w_lo + f);
             const uint32_t a_hi[4] = {h.x, h.y, h.z, h.w}, a_lo[4] = {l.x, l.y, l.z, l.w};
-            if (!KB_CBT_JOIN) {  // for comparison: the three products chained on the accumulator
-#pragma unroll
-                for (int j = 0; j < NT; ++j) kb::mma(acc[i][j], a_lo, b_hi[j]);
-#pragma unroll
-                for (int j = 0; j < NT; ++j) kb::mma(acc[i][j], a_hi, b_lo[j]);
-#pragma unroll
-                for (int j = 0; j < NT; ++j) kb::mma(acc[i][j], a_hi, b_hi[j]);
-                continue;
-            }
             float step[NT][4];
 #pragma unroll
             for (int j = 0; j < NT; ++j) kb::mma0(step[j], a_lo, b_hi[j]);  // small terms first, from zero
@@ -200,7 +176,7 @@ __device__ __forceinline__ void compute(float (&acc)[MT][NT][4], const float* in
 // end excerpt: taps
 
 // guard: null, or run only when *guard == 0 ("auto" training chose the moments path).
-__global__ void __launch_bounds__(THREADS, KB_CBT_MIN_BLOCKS)
+__global__ void __launch_bounds__(THREADS, 2)  // 2 blocks per SM: at most 128 registers
 conv3x3_3xtf32_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                       float* __restrict__ y, Shape s, const unsigned* guard) {
     if (guard != nullptr && *guard != 0u) return;  // block-uniform, before any barrier or store

@@ -141,8 +141,10 @@ def conv_bn_scale() -> None:
 
     mod = kb.build.load("conv_bn_scale")
     # (N, C_in, H, W, C_out, out offset): the pipelined path with a partial column tile and an odd HO, the
-    # unpipelined path (C_in > 8) with two channel blocks, a misaligned output (scalar stores and apply).
-    for n, c_in, h, w, c_out, off in [(1, 3, 7, 97, 16, 0), (2, 9, 5, 131, 70, 0), (1, 2, 4, 8, 5, 1)]:
+    # unpipelined path (C_in > 8) with two channel blocks, a misaligned output (scalar stores and apply), and
+    # two channel blocks and two column tiles of the tensor-core convolution (C_in ≤ 8: its default).
+    for n, c_in, h, w, c_out, off in [(1, 3, 7, 97, 16, 0), (2, 9, 5, 131, 70, 0), (1, 2, 4, 8, 5, 1),
+                                      (2, 8, 6, 140, 70, 0)]:
         torch.manual_seed(n + c_in + h)
         r64 = nn.ModuleDict({"conv": nn.Conv2d(c_in, c_out, 3), "bn": nn.BatchNorm2d(c_out)}).double().cuda()
         ours = copy.deepcopy(r64).float()
@@ -155,10 +157,11 @@ def conv_bn_scale() -> None:
         with torch.no_grad():
             check.assert_close(out, r64["bn"](r64["conv"](x.double())) * 2.0, 1e-4, what=f"cbs train {shape}")
         check.assert_close(b.running_var, r64["bn"].running_var, 1e-4, what=f"cbs running_var {shape}")
-        out.fill_(float("nan"))
-        mod.conv_bn_scale_eval(x, c.weight, c.bias, out)
-        check.assert_close(out, F.conv2d(x.double(), c.weight.double(), c.bias.double()), 1e-5,
-                           what=f"cbs eval {shape}")
+        for math in ("fp32", "auto"):  # FFMA, and the tensor cores where C_in ≤ 8
+            out.fill_(float("nan"))
+            mod.conv_bn_scale_eval(x, c.weight, c.bias, out, math=math)
+            check.assert_close(out, F.conv2d(x.double(), c.weight.double(), c.bias.double()), 1e-5,
+                               what=f"cbs eval {shape} ({math})")
     # strategy="auto" on data where the moments would cancel (a difference filter on a smooth field): the
     # guard must pick the in-place path on the GPU, and both paths' kernels launch (one of them exits at once).
     r, s = torch.arange(18.0, device="cuda")[:, None], torch.arange(20.0, device="cuda")[None, :]

@@ -1,4 +1,5 @@
-"""The P73 capstone's fused kernels (kernels/conv_bn_scale.*) against float64, in training and eval mode.
+"""The P73 capstone's fused kernels (kernels/conv_bn_scale.*) against float64, in training and eval mode, with
+the convolution by FFMA (math="fp32") and on the tensor cores (math="3xtf32", the default where it runs).
 
 GPU tests are marked ``gpu``; argument checks and compilation of the swept variants run wherever the CUDA
 toolkit is (marked ``compile``).
@@ -62,10 +63,19 @@ def train_tol(x: torch.Tensor, conv: nn.Conv2d) -> float:
     return check.normalisation_tol(ref, (0, 2, 3)) + t_conv * (1.0 + float((mu.abs() / sd).max()))
 
 
-def run_train(cbs, ours, x, momentum, out=None, strategy="auto"):
+def run_train(cbs, ours, x, momentum, out=None, strategy="auto", math="auto"):
     c, b = ours["conv"], ours["bn"]
     return cbs.conv_bn_scale_train(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
-                                   b.num_batches_tracked, momentum, b.eps, SCALE, out, strategy=strategy)
+                                   b.num_batches_tracked, momentum, b.eps, SCALE, out, strategy=strategy, math=math)
+
+
+MATHS = ["fp32", "3xtf32"]
+
+
+def skip_without_tensor_cores(math: str) -> None:
+    """math="3xtf32" needs TF32 tensor cores (sm_80 or newer); "auto" picks FFMA below that."""
+    if math == "3xtf32" and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the 3xTF32 path needs sm_80 or newer")
 
 
 SHAPES = [  # (N, C_in, H, W, C_out)
@@ -82,15 +92,17 @@ SHAPES = [  # (N, C_in, H, W, C_out)
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("momentum", [0.1, None])
-@pytest.mark.parametrize("strategy", ["auto", "inplace"])  # auto: moments where C_in ≤ 8
-def test_train_matches_float64_over_three_steps(cbs, shape, momentum, strategy):
+@pytest.mark.parametrize("strategy, math", [("auto", "auto"), ("auto", "fp32"), ("inplace", "auto")])
+def test_train_matches_float64_over_three_steps(cbs, shape, momentum, strategy, math):
+    """auto: the moments where C_in ≤ 8, their output convolution on the tensor cores (math auto) or by FFMA."""
+    skip_without_tensor_cores(math)
     n, c_in, h, w, c_out = shape
     ref, ours = _modules(c_in, c_out, momentum, seed=sum(shape))
     for step in range(3):
         x = check.rand((n, c_in, h, w), seed=step + 7 * sum(shape), device="cuda", low=-0.5, high=1.5)
         tol = train_tol(x, ref["conv"])
         out = check.poisoned((n, c_out, h - 2, w - 2), device="cuda")
-        y = run_train(cbs, ours, x, momentum, out, strategy)
+        y = run_train(cbs, ours, x, momentum, out, strategy, math)
         assert y.data_ptr() == out.data_ptr()
         with torch.no_grad():
             y_ref = ref["bn"](ref["conv"](x.double())) * SCALE
@@ -108,16 +120,18 @@ def test_train_matches_float64_over_three_steps(cbs, shape, momentum, strategy):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("strategy", ["moments", "inplace", "auto"])
-def test_p73_train_and_eval_within_1e_5(cbs, strategy):
+@pytest.mark.parametrize("strategy, math", [("moments", "3xtf32"), ("moments", "fp32"), ("inplace", "fp32"),
+                                            ("auto", "auto")])
+def test_p73_train_and_eval_within_1e_5(cbs, strategy, math):
     """The benchmark's shapes and initialisation: relative error ≤ 1e-5 (the capstone's target)."""
+    skip_without_tensor_cores(math)
     prob = kb.problems.P73_CONV_BN_SCALE
     model = prob.model(seed=0).cuda()
     ref = copy.deepcopy(model).double()
     x = prob.inputs(seed=1, device="cuda")
     y = cbs.conv_bn_scale_train(x, model.conv.weight, model.conv.bias, model.bn.weight, model.bn.bias,
                                 model.bn.running_mean, model.bn.running_var, model.bn.num_batches_tracked, 0.1,
-                                model.bn.eps, SCALE, strategy=strategy)
+                                model.bn.eps, SCALE, strategy=strategy, math=math)
     with torch.no_grad():
         y_ref = ref(x.double())
     check.assert_close(y, y_ref, 1e-5, what="P73 train output")
@@ -128,7 +142,25 @@ def test_p73_train_and_eval_within_1e_5(cbs, strategy):
     ref.eval()
     w, b = kb.folding.fold(model.conv, model.bn, SCALE, dtype=torch.float64)
     with torch.no_grad():
-        check.assert_close(cbs.conv_bn_scale_eval(x, w, b), ref(x.double()), 1e-5, what="P73 eval output")
+        check.assert_close(cbs.conv_bn_scale_eval(x, w, b, math=math), ref(x.double()), 1e-5,
+                           what="P73 eval output")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shift", [1000.0, -1000.0])
+def test_3xtf32_no_worse_than_eager_fp32_on_shifted_input(cbs, shift):
+    """Inputs far from zero (x + shift, P73's filter): the tensor-core path errs no more than PyTorch's own
+    float32 convolution (TF32 off) does on the same input, and no more than the FFMA path."""
+    skip_without_tensor_cores("3xtf32")
+    prob = kb.problems.P73_CONV_BN_SCALE
+    conv = prob.model(seed=0).cuda().conv
+    x = prob.inputs(seed=3, batch=16, device="cuda") + shift
+    ref = F.conv2d(x.double(), conv.weight.double(), conv.bias.double())
+    with kb.precision.tf32(False):
+        eager = check.report(F.conv2d(x, conv.weight, conv.bias), ref, 1e-5)["rel_err"]
+    errs = {m: check.report(cbs.conv_bn_scale_eval(x, conv.weight, conv.bias, math=m), ref, 1e-5)["rel_err"]
+            for m in MATHS}
+    assert errs["3xtf32"] <= eager and errs["3xtf32"] <= errs["fp32"], (errs, eager)
 
 
 def smooth_input(delta, seed, n=4, c=3, h=34, w=34, offset=0.0, device="cuda"):
@@ -207,7 +239,9 @@ def test_guard_threshold_and_probe_checks(cbs):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(128, 8, 128, 128, 64), *SHAPES])
-def test_eval_conv_matches_float64(cbs, shape):
+@pytest.mark.parametrize("math", MATHS)
+def test_eval_conv_matches_float64(cbs, shape, math):
+    skip_without_tensor_cores(math)
     n, c_in, h, w, c_out = shape
     x = check.rand((n, c_in, h, w), seed=sum(shape), device="cuda")
     wt = check.rand((c_out, c_in, 3, 3), seed=sum(shape) + 1, device="cuda", low=-0.3, high=0.3)
@@ -215,10 +249,15 @@ def test_eval_conv_matches_float64(cbs, shape):
     ref = F.conv2d(x.double(), wt.double(), b.double())
     tol = check.dot_tol(c_in * 9 + 1, F.conv2d(x.double().abs(), wt.double().abs(), b.double().abs()), ref)
     out = check.poisoned(ref.shape, device="cuda")
-    assert cbs.conv_bn_scale_eval(x, wt, b, out).data_ptr() == out.data_ptr()
-    check.assert_close(out, ref, tol, what=f"eval conv {shape}")
-    check.assert_close(cbs.conv_bn_scale_eval(x, wt, None), F.conv2d(x.double(), wt.double()), tol,
-                       what=f"eval conv without bias {shape}")
+    if math == "3xtf32" and c_in > 8:  # the tensor-core path takes at most 8 input channels, and says so
+        with pytest.raises(RuntimeError, match=f"math='3xtf32' supports at most 8 input channels, got {c_in}"):
+            cbs.conv_bn_scale_eval(x, wt, b, out, math=math)
+        assert cbs.conv_bn_scale_math(x) == "fp32" and out.isnan().all()
+        return
+    assert cbs.conv_bn_scale_eval(x, wt, b, out, math=math).data_ptr() == out.data_ptr()
+    check.assert_close(out, ref, tol, what=f"eval conv {shape} ({math})")
+    check.assert_close(cbs.conv_bn_scale_eval(x, wt, None, math=math), F.conv2d(x.double(), wt.double()), tol,
+                       what=f"eval conv without bias {shape} ({math})")
 
 
 @pytest.mark.gpu
@@ -295,6 +334,10 @@ def test_train_rejects_bad_parameters(cbs):
         (lambda: f(torch.rand(2, 9, 6, 7, device="cuda"), torch.rand(5, 9, 3, 3, device="cuda"), c.bias, b.weight,
                    b.bias, b.running_mean, b.running_var, b.num_batches_tracked, 0.1, 1e-5, 2.0, strategy="moments"),
          "moments strategy supports at most 8 input channels, got 9"),
+        (lambda: f(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
+                   b.num_batches_tracked, 0.1, 1e-5, 2.0, math="tf32"), "math must be 'auto', 'fp32' or '3xtf32'"),
+        (lambda: f(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var, b.num_batches_tracked,
+                   0.1, 1e-5, 2.0, strategy="inplace", math="3xtf32"), "in-place strategy computes its convolution"),
     ]
     before = (b.running_mean.clone(), b.running_var.clone(), int(b.num_batches_tracked))
     for call, message in cases:
@@ -330,6 +373,8 @@ def test_bad_input_without_a_gpu(cbs):
             fn(torch.ones(1, 3, 6, 6))
     with pytest.raises(RuntimeError, match="weight must be 4-D"):
         cbs.conv_bn_scale_eval(torch.ones(1, 3, 6, 6), torch.ones(5, 27), None)
+    with pytest.raises(RuntimeError, match="conv_bn_scale_math: x must be a CUDA tensor"):
+        cbs.conv_bn_scale_math(torch.ones(1, 3, 6, 6))
 
 
 @pytest.mark.compile
