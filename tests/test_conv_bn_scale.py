@@ -163,18 +163,8 @@ def test_3xtf32_no_worse_than_eager_fp32_on_shifted_input(cbs, shift):
     assert errs["3xtf32"] <= eager and errs["3xtf32"] <= errs["fp32"], (errs, eager)
 
 
-def smooth_input(delta, seed, n=4, c=3, h=34, w=34, offset=0.0, device="cuda"):
-    """A slowly varying field per (image, channel) plus uniform noise of amplitude delta, in float32."""
-    g = torch.Generator().manual_seed(seed)
-    r, s = torch.arange(h, dtype=torch.float64)[:, None], torch.arange(w, dtype=torch.float64)[None, :]
-    phase = torch.rand(n, c, 1, 1, generator=g, dtype=torch.float64) * 2 * torch.pi
-    field = offset + 0.4 * torch.sin(0.01 * r + 0.007 * s + phase)
-    noise = delta * (torch.rand(n, c, h, w, generator=g, dtype=torch.float64) - 0.5)
-    return (field + noise).float().to(device)
-
-
 def ill_conditioned_modules():
-    """Channel 0 a horizontal difference filter (κ ≈ 5e4 on smooth_input(1e-4)), channel 1 a random filter;
+    """Channel 0 a horizontal difference filter (κ ≈ 5e4 on kb.variance.smooth_field(1e-4)), channel 1 a random filter;
     momentum 1, so the running statistics are this batch's own (their error is the statistics' error)."""
     conv, bn = nn.Conv2d(3, 2, 3), nn.BatchNorm2d(2, momentum=1.0)
     with torch.no_grad():
@@ -193,7 +183,7 @@ def channel_rel_err(out, ref):
 
 @pytest.mark.gpu
 def test_auto_guard_takes_the_inplace_path_on_ill_conditioned_data(cbs):
-    x = smooth_input(1e-4, seed=0)
+    x = kb.variance.smooth_field(1e-4, seed=0, device="cuda")
     ref, ours = ill_conditioned_modules()
     assert cbs.conv_bn_scale_auto_choice(x, ours["conv"].weight, ours["conv"].bias) == "inplace"
     with torch.no_grad():

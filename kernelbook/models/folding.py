@@ -630,3 +630,30 @@ def ncu_numbers(ncu, ncu_rec: dict, out_bytes: int, macs: int) -> dict:
             "write_short_mb": (out_bytes - fast["dram__bytes_write.sum"]) / 1e6,
             "l2_mb": ncu_rec["provenance"]["l2_mib"] * 2**20 / 1e6,
             "ffma_waste_pct": 100 * (fast[ffma] / macs - 1)}
+
+
+def draw_p73_tile(config, out_hw: tuple[int, int], k: int = 3):
+    """Chapter 6's FFMA convolution tile, from its build's ``config()`` (RPT, CO_T, GROUPS, WROWS, …,
+    shared-memory bytes of the eval kernel, of the training kernel): which warp owns which channels and
+    which lane which columns. The tile's width follows from the eval kernel's shared memory (two input
+    buffers of 8 channels × (rows + k − 1) × (width + 4) floats, then the weights). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from ..harness import plots
+
+    rpt, co_t, groups, wrows, *_, smem_eval, _ = config
+    tile_h = rpt * wrows
+    tile_w = (smem_eval // 4 - 8 * k * k * co_t * groups) // (16 * (tile_h + k - 1)) - 4
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    for g in range(groups):  # warp g owns co_t channels; lane l owns columns 2l, 2l + 1, …
+        for lane in range(32):
+            for c in (2 * lane, tile_w // 2 + 2 * lane):
+                color = plots.OURS if lane % 2 == 0 else plots.BASELINE
+                ax.add_patch(plt.Rectangle((c, g), 2, 0.9, lw=0, color=color))
+        ax.text(-2, g + 0.45, f"warp {g}: ch {g * co_t}–{g * co_t + co_t - 1}", ha="right", va="center",
+                fontsize=8)
+    ax.set(xlim=(-38, tile_w), ylim=(groups, 0), yticks=[],
+           xlabel="column in the tile (lane l: 2l, 2l + 1 and the same in the right half)",
+           title=f"a block's {tile_h}×{tile_w} tile of a {out_hw[0]}×{out_hw[1]} plane: {groups} warps × "
+           f"{co_t} channels × {rpt} rows per thread")
+    return fig

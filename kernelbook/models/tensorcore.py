@@ -1,5 +1,6 @@
 """Chapter 8's model: TF32 rounding and the 3xTF32 split, emulated on the CPU, and the chapter's
-GPU plumbing (the checks, the Nsight Compute counters and the script they are read from).
+GPU plumbing (the checks, the Nsight Compute counters and the script they are read from); also the
+counters chapter 6 reads for its tensor-core convolution.
 
 TF32 keeps float32's sign and 8 exponent bits and the top 10 of its 23 mantissa bits. The GPU's
 ``cvt.rna.tf32.f32`` rounds to the nearest TF32 value, ties away from zero; ``to_tf32`` does the same
@@ -10,6 +11,8 @@ as the kernel does.
 from __future__ import annotations
 
 import torch
+
+from .gn_mean import STALL, STALLS  # the stall reasons Nsight Compute reports, as chapter 7 reads them
 
 TF32_MANTISSA_BITS = 10
 TF32_UNIT_ROUNDOFF = 2.0 ** -(TF32_MANTISSA_BITS + 1)  # half an ulp at 1: 2^-11 ≈ 4.9e-4
@@ -204,3 +207,42 @@ def ncu_table(rows: list[dict]):
     })
     out["instr. / TC instr."] = t["smsp__inst_executed.sum"] / out["TC instr."]
     return out
+
+
+# Chapter 6's counters for P73's eval-mode convolution, on the tensor cores (the default) and by FFMA:
+# the pipes, issue and warp slots, instructions per mma, and why warps waited between issues.
+P73_NCU_METRICS = [*NCU_METRICS[:3], "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+                   "sm__inst_executed_pipe_tensor_op_hmma.sum", "smsp__inst_executed.sum",
+                   *(STALL.format(s) for s in STALLS)]
+
+# The script Nsight Compute runs: each path once on P73, inside its NVTX range.
+P73_NCU_TARGET = """
+import torch, kernelbook as kb
+torch.set_grad_enabled(False)  # the kernels are forward-only
+p73 = kb.problems.P73_CONV_BN_SCALE
+mod, m = kb.build.load("conv_bn_scale"), p73.model(seed=0).cuda().eval()
+x = p73.inputs(seed=1, device="cuda")
+w, b = kb.folding.fold(m.conv, m.bn, 2.0)
+for variant, math in (("ours_eval", "auto"), ("ours_eval_ffma", "fp32")):
+    mod.conv_bn_scale_eval(x, w, b, math=math)  # the first launch (opt-in, first touch) stays outside
+    with kb.timing.nvtx_range("06_capstone_conv_bn_scale", variant):
+        mod.conv_bn_scale_eval(x, w, b, math=math)
+torch.cuda.synchronize()
+"""
+
+
+def p73_counters(rows: list[dict]):
+    """Nsight Compute's rows for chapter 6's two paths as counter × variant: % of cycles the tensor and
+    FMA pipes were busy, % of issue slots used and of warp slots occupied, warp instructions per mma,
+    and, per issued instruction, the warps stalled for each reason (largest first)."""
+    import pandas as pd
+
+    t = pd.DataFrame(rows).pivot_table(index="variant", columns="metric", values="value", aggfunc="sum")
+    pct = ".avg.pct_of_peak_sustained_active"
+    out = pd.DataFrame({
+        "tensor pipe %": t["sm__pipe_tensor_op_hmma_cycles_active" + pct],
+        "FMA pipe %": t["sm__pipe_fma_cycles_active" + pct],
+        "issue %": t["smsp__issue_active" + pct], "warps %": t["sm__warps_active" + pct],
+        "instr. / mma": t["smsp__inst_executed.sum"] / t["sm__inst_executed_pipe_tensor_op_hmma.sum"]})
+    waits = pd.DataFrame({f"stalled: {s}": t[STALL.format(s)] for s in STALLS})
+    return pd.concat([out, waits[waits.mean().sort_values(ascending=False).index]], axis=1).T

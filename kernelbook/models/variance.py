@@ -21,6 +21,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
 
@@ -247,6 +248,17 @@ def grouped_reference(x, groups: int):
         return empty, empty.clone()
     var, mean = torch.var_mean(x.double().reshape(n, groups, per_group), dim=-1, correction=0)
     return mean, var
+
+
+def smooth_field(delta: float, seed: int, offset: float = 0.0, n: int = 4, c: int = 3, h: int = 34, w: int = 34,
+                 device: str | torch.device = "cpu") -> torch.Tensor:
+    """A slowly varying field per (image, channel) around ``offset``, plus uniform noise of amplitude
+    ``delta``, in float32: neighbouring pixels nearly equal, so a difference filter cancels on it."""
+    g = torch.Generator().manual_seed(seed)
+    r, s = torch.arange(h, dtype=torch.float64)[:, None], torch.arange(w, dtype=torch.float64)[None, :]
+    phase = torch.rand(n, c, 1, 1, generator=g, dtype=torch.float64) * 2 * torch.pi
+    noise = delta * (torch.rand(n, c, h, w, generator=g, dtype=torch.float64) - 0.5)
+    return (offset + 0.4 * torch.sin(0.01 * r + 0.007 * s + phase) + noise).float().to(device)
 
 
 def rel_error(var, ref_var) -> np.ndarray:
