@@ -231,18 +231,20 @@ torch.cuda.synchronize()
 """
 
 
-def p73_counters(rows: list[dict]):
+def p73_counters(rows: list[dict], order_by: str = "ours_eval"):
     """Nsight Compute's rows for chapter 6's two paths as counter × variant: % of cycles the tensor and
-    FMA pipes were busy, % of issue slots used and of warp slots occupied, warp instructions per mma,
-    and, per issued instruction, the warps stalled for each reason (largest first)."""
+    FMA pipes were busy, % of issue slots used and of warp slots occupied, warp instructions per mma
+    (where the tensor pipe worked), and, per issued instruction, the warps stalled for each reason, largest
+    first for the variant ``order_by``."""
     import pandas as pd
 
     t = pd.DataFrame(rows).pivot_table(index="variant", columns="metric", values="value", aggfunc="sum")
     pct = ".avg.pct_of_peak_sustained_active"
+    tensor = t["sm__pipe_tensor_op_hmma_cycles_active" + pct]
     out = pd.DataFrame({
-        "tensor pipe %": t["sm__pipe_tensor_op_hmma_cycles_active" + pct],
-        "FMA pipe %": t["sm__pipe_fma_cycles_active" + pct],
+        "tensor pipe %": tensor, "FMA pipe %": t["sm__pipe_fma_cycles_active" + pct],
         "issue %": t["smsp__issue_active" + pct], "warps %": t["sm__warps_active" + pct],
-        "instr. / mma": t["smsp__inst_executed.sum"] / t["sm__inst_executed_pipe_tensor_op_hmma.sum"]})
+        "instr. / mma": (t["smsp__inst_executed.sum"] / t["sm__inst_executed_pipe_tensor_op_hmma.sum"])
+        .where(tensor >= 1.0)})
     waits = pd.DataFrame({f"stalled: {s}": t[STALL.format(s)] for s in STALLS})
-    return pd.concat([out, waits[waits.mean().sort_values(ascending=False).index]], axis=1).T
+    return pd.concat([out, waits[waits.loc[order_by].sort_values(ascending=False).index]], axis=1).T
