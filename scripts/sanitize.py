@@ -168,7 +168,7 @@ def conv_bn_scale() -> None:
     x = (0.4 * torch.sin(0.01 * r + 0.007 * s) + 1e-4 * check.rand((2, 3, 18, 20), seed=5, device="cuda"))
     conv, bn = nn.Conv2d(3, 2, 3).cuda(), nn.BatchNorm2d(2, momentum=1.0).cuda()
     conv.weight.zero_()
-    conv.bias.fill_(0.1)  # not the random initialisation: a large bias would cost the check digits
+    conv.bias.zero_()  # a bias that dwarfs the filter's small differences would cancel in the batch mean
     conv.weight[0, 0, 1, 1], conv.weight[0, 0, 1, 2] = 0.375, -0.375
     assert mod.conv_bn_scale_auto_choice(x, conv.weight, conv.bias) == "inplace"
     r64 = nn.ModuleDict({"conv": copy.deepcopy(conv), "bn": copy.deepcopy(bn)}).double()
