@@ -89,6 +89,7 @@ def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
             floor = floor_ms(rec, by["ours"], ceil) if "ours" in by else None
             out.append({
                 "problem": problem, "operation": operation, "chapter": rec["chapter"],
+                "math": rec["variants"][by["ours"]].get("math", "fp32") if "ours" in by else None,
                 "eager ms": eager, "compile ms": comp, "ours ms": ours,
                 "× eager": eager / ours if eager and ours else None,
                 "× compile": comp / ours if comp and ours else None,
@@ -122,11 +123,15 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     gpus = sorted({f"{r['gpu']} (torch {r['torch']})" for r in rs})
     dates = sorted(r["date"] for r in rs)
+    split = sorted({r["chapter"][:2] for r in rs if r["math"] == "3xtf32"})  # chapters whose rows use the split
+    ours = "ours compute in FP32" + (f", except in the rows of chapter{'s' * (len(split) > 1)} "
+                                     f"{' and '.join(split)}: 3xTF32 on the tensor cores, as accurate"
+                                     if split else "") + "."
     lines.append("")
     lines.append(f"Medians of CUDA-event timings with L2 flushed, recorded on {', '.join(gpus)} between "
                  f"{dates[0]} and {dates[-1]}. *compile* is `torch.compile` of the same PyTorch code; speed-ups "
                  f"are eager's (or compile's) time over ours. The baselines run with PyTorch's defaults, which let "
-                 f"cuDNN use TF32 for convolutions; ours compute in FP32 (the GEMM row's in 3xTF32, as accurate). "
+                 f"cuDNN use TF32 for convolutions; {ours} "
                  f"— where a chapter did not time that "
                  f"variant or no floor is known.")
     lines.append("")
