@@ -7,15 +7,16 @@
     python dev/p27.py --out DIR     # the record as DIR/dev_p27.json (default: $OUT when set)
 
 A thin wrapper over what notebooks/07_capstone_conv3d_groupnorm_mean.ipynb runs, for use while
-kernels/conv3d_gn_mean changes, with the chapter's own helpers (``kb.gn_mean``): the fused kernel is
-checked against float64 on P27's full batch and on ``gn_mean.check_cases`` (odd shapes, the depth-slab
-plans of smaller GPUs, shifted inputs), the tail kernel on P27; the submission
+kernels/conv3d_gn_mean changes, with the chapter's own helpers (``kb.gn_mean``): ``gn_mean.checks`` checks
+the fused kernel (FFMA and tensor cores) against float64 on P27's full batch and on odd shapes, the
+depth-slab plans of smaller GPUs and shifted inputs, the tail kernel on P27; the submission
 (``kb.problems.load_solution``) passes KernelBench's own check (``kb.problems.kernelbench_check``) and
 float64. Then ``eager`` and ``compile`` (TF32 allowed, and ``_fp32``), ``conv_only`` (cuDNN's conv3d
 alone: the Amdahl cap of fusing the tail), ``tail_fused`` (cuDNN conv3d + our one tail kernel) and
-``ours`` (one fused kernel) are timed by ``kb.measure.run`` in a live record (``kb.records.new``) that
-is never saved to results/, and the fused kernel is profiled by ``kb.profile.ncu`` with the chapter's
-metrics. Exit status 1 if any check failed. About 1–2 minutes on an H200.
+``ours`` (one fused kernel; ``ours_tc``: on the tensor cores) are timed by ``kb.measure.run`` in a live
+record (``kb.records.new``) that is never saved to results/, and the fused kernel is profiled by
+``kb.profile.ncu`` with the chapter's metrics. Exit status 1 if any check failed. About 1–2 minutes on an
+H200.
 """
 
 from __future__ import annotations
@@ -43,24 +44,6 @@ CONV, FUSED = rl.p27_conv(), rl.p27_fused()
 FLOP = 2 * CONV.macs  # the convolution's FLOP, the chapter's TFLOP/s
 
 
-def checks(ext) -> dict[str, dict]:
-    """Chapter 7's checks of both kernels against float64 (convolutions in float32)."""
-    n, c_out = P27.input_shape[0], P27.init_args[1]
-    res = {}
-    with kb.precision.tf32(False):
-        m, x = gm.model(seed=1), P27.inputs(seed=0, device="cuda")
-        idx = torch.cat([torch.arange(64), torch.arange(n - 64, n)]).cuda()  # samples are independent
-        ref, _ = gm.reference64(m, x[idx])
-        out = gm.fused(ext, m, x, kb.check.poisoned((n, c_out), device="cuda"))
-        res[f"ours P27 full batch (samples 0-63, {n - 64}-{n - 1})"] = kb.check.report(out[idx], ref, gm.TOL)
-        out = gm.tail(ext, m, x[:64], kb.check.poisoned((64, c_out), device="cuda"))
-        res["tail_fused P27 (samples 0-63)"] = kb.check.report(out, ref[:64], gm.TOL)
-        for name, (mm, xx, limit) in gm.check_cases(m).items():
-            r, tol = gm.reference64(mm, xx)
-            res[name] = kb.check.report(gm.fused(ext, mm, xx, kb.check.poisoned(r.shape, device="cuda"), limit), r, tol)
-    return res
-
-
 def solution_check(rec: dict) -> None:
     """The submission file: KernelBench's check, then 64 samples against float64."""
     sol = kb.problems.load_solution(P27)
@@ -86,6 +69,8 @@ def variants(ext, kd: dict) -> tuple[dict[str, kb.measure.Variant], torch.nn.Mod
                        counts={"flop": CONV.flop, "bytes": CONV.bytes}),
         "tail_fused": V(lambda: gm.tail(ext, m, x), "ours", counts=whole, mode="cuDNN conv, our tail", tf32=True),
         "ours": V(lambda: gm.fused(ext, m, x), "ours", counts=whole, role="headline"),
+        "ours_tc": V(lambda: gm.fused(ext, m, x, math="3xtf32"), "ours", counts=whole, role="control",
+                     mode="3xTF32"),
         **{f"ours_kd{u}": V(lambda e=e: gm.fused(e, m, x), "ours", counts=whole, role="control")
            for u, e in kd.items()},
     }, m, x
@@ -127,7 +112,7 @@ def main() -> int:
     for r in kb.build.resources("conv3d_gn_mean", "90"):
         print(f"  sm_90 {r['kernel']}: {r['registers']} registers, {r['spill_store_bytes']} B spill stores")
 
-    rec["checks"] |= checks(ext)
+    rec["checks"] |= gm.checks(ext)
     solution_check(rec)
     kb.precision.defaults()
     kd = {u: kb.build.load("conv3d_gn_mean", defines={"KB_P27_KD_UNROLL": u}) for u in (2, 4)} if args.sweep else {}

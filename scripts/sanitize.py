@@ -184,7 +184,8 @@ def conv3d_gn_mean() -> None:
     mod = kb.build.load("conv3d_gn_mean")
     # (N, C_in, D, H, W, C_out, groups, x offset in floats): float4 and scalar staging (misaligned, W % 4 != 0),
     # padded channel groups, and a shape whose input does not fit shared memory (slabs with a halo).
-    cases = [(2, 3, 6, 9, 12, 16, 4, 0), (1, 3, 5, 7, 11, 24, 3, 1), (1, 2, 20, 40, 36, 8, 2, 0)]
+    cases = [(2, 3, 6, 9, 12, 16, 4, 0), (1, 3, 5, 7, 11, 24, 3, 1), (1, 2, 20, 40, 36, 8, 2, 0),
+             (1, 2, 5, 8, 70, 12, 3, 1)]
     for n, c_in, d, h, w, c_out, g, off in cases:
         torch.manual_seed(n + c_out)
         m = kb.problems.P27(c_in, c_out, 4, num_groups=g).cuda()
@@ -200,6 +201,10 @@ def conv3d_gn_mean() -> None:
         y = F.conv3d(x.double(), m.conv.weight.double(), m.conv.bias.double()).float()  # exact conv, rounded
         mod.p27_tail(y, gn.weight, gn.bias, g, gn.eps, out)
         check.assert_close(out, ref, 1e-5, what=f"p27_tail {(n, c_in, d, h, w, c_out, g)}")
+        if c_out <= 16 and torch.cuda.get_device_capability() >= (8, 0):  # the tensor-core path
+            out = check.poisoned([n, c_out], device="cuda")
+            mod.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, g, gn.eps, out, math="3xtf32")
+            check.assert_close(out, ref, 1e-5, what=f"p27_forward 3xtf32 {(n, c_in, d, h, w, c_out, g)}")
 
 
 

@@ -847,14 +847,19 @@ __device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
 #endif
 }
 
-// The same split in four instructions, for the operand split in an inner loop. hi: x rounded to the nearest
-// TF32, ties away, by adding half a TF32 ulp to the bits and clearing the 13 dropped ones — what cvt.rna
-// does for finite x (sm_90 has no single instruction for cvt.rna.tf32: ptxas expands it into about ten,
-// most of them to keep NaN a NaN); lo: the remainder with its dropped bits cleared (truncated, not rounded:
-// at most 2^-23·|x|, and NaN stays NaN because x − hi is NaN whenever x is not finite).
+// The same split in three instructions, for the operand split in an inner loop. hi: x rounded to the nearest
+// TF32, ties away, by adding half a TF32 ulp to the bits and clearing the 13 dropped ones — what cvt.rna does for
+// finite x (on sm_90 ptxas compiles cvt.rna.tf32.f32 to a longer sequence that keeps NaN a NaN). lo: the
+// remainder x − hi, exact, its 13 low bits left in place: the tensor core reads only the top 19 bits of a TF32
+// operand register, so it sees lo truncated to TF32 (|error| < 2^-22·|x|) with no instruction spent to clear
+// them. tests/test_conv3d_gn_mean.py checks on the GPU that clearing them (-DKB_TF32_CLEAR_LOW_BITS) changes
+// no result. NaN stays NaN: x − hi is NaN whenever x is not finite.
 __device__ __forceinline__ void split_fast(float x, uint32_t& hi, uint32_t& lo) {
     hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
+#ifdef KB_TF32_CLEAR_LOW_BITS
+    lo &= 0xffffe000u;
+#endif
 }
 
 // acc += a·b for one 16×8×8 tile on the tensor cores (TF32 inputs, float32 accumulation).

@@ -84,9 +84,10 @@ def _group_norm64(h: torch.Tensor, gn: nn.GroupNorm) -> torch.Tensor:
     return y
 
 
-def _run(ext, m, x, out=None):
+def _run(ext, m, x, out=None, math="fp32", smem_limit=0):
     gn = m.group_norm
-    return ext.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps, out)
+    return ext.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps, out,
+                           smem_limit=smem_limit, math=math)
 
 
 # ---------------------------------------------------------------------------------------------- algebra (CPU)
@@ -211,6 +212,62 @@ def test_misaligned_input_empty_batch_and_side_stream(ext):
     check.assert_close(out, ref, tol, what="on a side stream")
 
 
+# ---------------------------------------------------------------------------------------------- tensor cores (GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, limit, offset", [
+    ((16, 3, 16, 32, 32, 16, 4), 0, 0),        # P27's sample shape
+    ((2, 3, 9, 17, 23, 16, 4), 0, 0),          # odd D, H, W: WO = 20 (one partial column group), HO odd
+    ((3, 3, 9, 17, 23, 8, 2), 0, 0),           # 8 channels: the tile's other 8 rows are padding
+    ((2, 2, 6, 9, 70, 12, 3), 0, 1),           # three column groups, 12 channels, misaligned x (scalar staging)
+    ((1, 1, 4, 4, 5, 1, 1), 0, 0),             # one input and one output channel, two output positions
+    ((1, 3, 16, 32, 33, 16, 1), 0, 0),         # W not a multiple of 4
+    ((2, 3, 20, 40, 36, 16, 4), 0, 0),         # the input does not fit: slabs of output depths with a halo
+    ((3, 3, 16, 32, 32, 16, 4), 166912, 0),    # P27 planned as on an A100 (2 slabs)
+    ((3, 3, 16, 32, 32, 16, 4), 101376, 0),    # ... and as on an RTX 30/40 (4 slabs)
+    ((2, 6, 7, 12, 12, 16, 4), 0, 0),          # 6 input channels: 48 k-steps
+])
+def test_tensor_cores_match_float64(ext, shape, limit, offset):
+    n, c_in, d, h, w, c_out, g = shape
+    m = _model(c_in, c_out, g, seed=sum(shape))
+    x = check.rand((n * c_in * d * h * w + offset,), seed=sum(shape), device="cuda")[offset:].view(n, c_in, d, h, w)
+    ref, tol = _reference(m, x)
+    out = check.poisoned(ref.shape, device="cuda")
+    assert _run(ext, m, x, out, "3xtf32", limit).data_ptr() == out.data_ptr()
+    check.assert_close(out, ref, tol, what=f"3xtf32 {shape} limit {limit}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shift", [0.0, 1e3, -1e3])
+def test_tensor_cores_err_like_eager_float32(ext, shift):
+    """On P27's data, plain and shifted by ±1000, the 3xTF32 path errs within 1.5× eager PyTorch's float32
+    error (measured on an H200: 0.5–1.1×) and at most 5× FFMA's (3.4× on P27 itself)."""
+    m = _model(seed=3)
+    x = P27.inputs(seed=5, batch=16, device="cuda") + shift
+    ref, tol = _reference(m, x)
+    with kb.precision.tf32(False):
+        err = {k: check.report(f(), ref, tol)["rel_err"] for k, f in {
+            "eager": lambda: m(x), "fp32": lambda: _run(ext, m, x), "3xtf32": lambda: _run(ext, m, x, math="3xtf32")
+        }.items()}
+    assert err["3xtf32"] <= tol and err["3xtf32"] <= 1.5 * err["eager"] and err["3xtf32"] <= 5 * err["fp32"], err
+
+
+@pytest.mark.gpu
+def test_tensor_cores_ignore_the_low_bits_of_tf32_operands():
+    """split_fast (tf32.cuh) leaves the 13 bits below a TF32 operand's mantissa in place, trusting mma.sync to
+    read only the top 19: a build that clears them must give bit-identical results (both tensor-core kernels
+    share split_fast; this one is checked on P27's data and on inputs shifted by 1000)."""
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("TF32 tensor cores need sm_80")
+    cleared = kb.build.load("conv3d_gn_mean", defines={"KB_TF32_CLEAR_LOW_BITS": 1})
+    ext = kb.build.load("conv3d_gn_mean")
+    m = _model(seed=9)
+    for shift in (0.0, 1e3):
+        x = P27.inputs(seed=9, batch=8, device="cuda") + shift
+        assert torch.equal(_run(ext, m, x, math="3xtf32"), _run(cleared, m, x, math="3xtf32")), shift
+
+
 # ---------------------------------------------------------------------------------------------- tail (GPU)
 
 
@@ -258,6 +315,15 @@ def test_tail_matches_float64(ext, shape):
      r"bytes of shared memory, more than the 4096 this GPU allows per block \(or smem_limit\)"),
     (lambda e, x, w, b, m: e.p27_tail(torch.ones(2, 600, 5, device="cuda"), None, None, 4, 1e-5),
      "channel count must be between 1 and 512"),
+    (lambda e, x, w, b, m: e.p27_forward(x, w, b, None, None, 4, 1e-5, math="tf32"),
+     "math must be 'fp32' or '3xtf32', got 'tf32'"),
+    (lambda e, x, w, b, m: e.p27_forward(x[:0], w, b, None, None, 4, 1e-5, math="auto"),
+     "math must be 'fp32' or '3xtf32', got 'auto'"),
+    (lambda e, x, w, b, m: e.p27_forward(x, torch.ones(24, 3, 4, 4, 4, device="cuda"), None, None, None, 4, 1e-5,
+                                         math="3xtf32"), "supports at most 16 output channels"),
+    (lambda e, x, w, b, m: e.p27_forward(torch.ones(1, 3, 16, 32, 32, device="cuda"), w, b, None, None, 4, 1e-5,
+                                         smem_limit=65536, math="3xtf32"),
+     r"math='3xtf32' needs 77312 bytes of shared memory for one output depth of this input, more than the 65536"),
 ])
 def test_bad_input_is_named(ext, call, message):
     m = _model(seed=0)
@@ -300,6 +366,12 @@ def test_config_and_plans_agree_with_the_kernel(ext):
     assert plans["H100/H200 (sm_90)"]["slabs"] == 1 and plans["T4 (sm_75)"]["depths_per_slab"] == 1
     assert plans["A100 (sm_80)"]["row_pitch"] == 36  # the conflict-free pitch, where it fits
     assert ext.plan(3, 5, 400, 400, 16, 232448)["depths_per_slab"] == 0  # refused by p27_forward
+    # The tensor-core path: the filter as TF32 (hi, lo) fragment planes (8 KB per input channel), pitch W.
+    tc = {g: ext.plan(c_in, d, h, w, 16, b, math="3xtf32") for g, b in gn_mean.SMEM_LIMITS.items()}
+    assert tc["H100/H200 (sm_90)"]["slabs"] == 1 and tc["H100/H200 (sm_90)"]["smem_bytes"] <= 232448
+    assert tc["A100 (sm_80)"]["row_pitch"] == 32 and tc["T4 (sm_75)"]["depths_per_slab"] == 0
+    with pytest.raises(RuntimeError, match="math must be 'fp32' or '3xtf32'"):
+        ext.plan(c_in, d, h, w, 16, 232448, math="auto")
 
 
 def test_design_and_ladder_of_the_chapter():

@@ -71,12 +71,62 @@ def check_cases(m: torch.nn.Module, device: str = "cuda") -> dict[str, tuple]:
     return cases
 
 
+def checks(ext) -> dict[str, dict]:
+    """Chapter 7's checks against float64 (convolutions in float32) on NaN-poisoned outputs, as reports
+    (``kb.check.report``): the fused kernel by FFMA (``ours``) and on the tensor cores (``ours_tc``) on
+    P27's full batch (samples 0–63 and the last 64) and on ``check_cases`` — the tensor-core path where it
+    runs (at most 16 output channels, one output depth in shared memory) —, the tail kernel on P27."""
+    from ..harness import check, precision
+
+    p, res = P27_CONV3D_GN_MEAN, {}
+    n, c_out = p.input_shape[0], p.init_args[1]
+    with torch.no_grad(), precision.tf32(False):  # the tail's conv in fp32 too
+        m, x = model(seed=1), p.inputs(seed=0, device="cuda")
+        idx = torch.cat([torch.arange(64), torch.arange(n - 64, n)]).cuda()
+        ref, _ = reference64(m, x[idx])
+        for name, math in (("ours", "fp32"), ("ours_tc", "3xtf32")):
+            out = fused(ext, m, x, check.poisoned((n, c_out), device="cuda"), math=math)
+            res[f"{name} P27 full batch (samples 0-63, {n - 64}-{n - 1})"] = check.report(out[idx], ref, TOL)
+        out = tail(ext, m, x[:64], check.poisoned((64, c_out), device="cuda"))
+        res["tail_fused P27 (samples 0-63)"] = check.report(out, ref[:64], TOL)
+        for name, (mm, xx, limit) in check_cases(m).items():
+            r, tol = reference64(mm, xx)
+            co = mm.conv.out_channels
+            tc_runs = co <= 16 and ext.plan(*xx.shape[1:], co, limit or max(SMEM_LIMITS.values()),
+                                            math="3xtf32")["depths_per_slab"] > 0
+            for prefix, math in (("ours", "fp32"), ("ours_tc", "3xtf32"))[:1 + tc_runs]:
+                out = fused(ext, mm, xx, check.poisoned(r.shape, device="cuda"), limit, math=math)
+                res[prefix + name[len("ours"):]] = check.report(out, r, tol)
+    return res
+
+
+def bad_inputs(ext) -> dict[str, str]:
+    """What the fused kernel says to inputs it does not support (``kb.check.error_message``; "accepted"
+    if it took one): the chapter's table of refusals."""
+    from ..harness.check import error_message
+
+    x, m = torch.rand(2, 3, 6, 7, 8, device="cuda"), model(seed=0)
+    w, b = m.conv.weight.detach(), m.conv.bias.detach()
+    gn = (None, None, 4, 1e-5)  # no GroupNorm affine; 4 groups; eps
+    calls = {"3×3×3 filter": ((x, w[:, :, :3, :3, :3].contiguous(), b, *gn), {}),
+             "16 channels in 5 groups": ((x, w, b, None, None, 5, 1e-5), {}),
+             "input planes too large for shared memory": ((torch.ones(1, 3, 5, 400, 400, device="cuda"), w, b,
+                                                           *gn), {}),
+             "non-contiguous input": ((x.transpose(3, 4), w, b, *gn), {}),
+             "a weight that requires grad": ((x, m.conv.weight, b, *gn), {}),
+             "tensor cores, 24 output channels": ((x, torch.ones(24, 3, 4, 4, 4, device="cuda"), None, *gn),
+                                                  {"math": "3xtf32"}),
+             "an unknown math": ((x, w, b, *gn), {"math": "tf32"})}
+    return {k: error_message(lambda a=a, kw=kw: ext.p27_forward(*a, **kw)) for k, (a, kw) in calls.items()}
+
+
 def fused(ext, m: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = None,
-          smem_limit: int = 0) -> torch.Tensor:
-    """P27 by the fused kernel (call under ``torch.no_grad()``: the kernel is forward-only)."""
+          smem_limit: int = 0, math: str = "fp32") -> torch.Tensor:
+    """P27 by the fused kernel (call under ``torch.no_grad()``: the kernel is forward-only); ``math``:
+    ``"fp32"`` (FFMA) or ``"3xtf32"`` (tensor cores)."""
     gn = m.group_norm
     return ext.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps,
-                           out, smem_limit=smem_limit)
+                           out, smem_limit=smem_limit, math=math)
 
 
 def tail(ext, m: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -125,10 +175,15 @@ NCU_BASIC = ["smsp__inst_executed.sum", "smsp__sass_thread_inst_executed_op_ffma
 NCU_SMEM = ["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
             "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"]
 NCU_ALL = NCU_BASIC + NCU_SMEM + [STALL.format(s) for s in STALLS]
+HMMA = "sm__inst_executed_pipe_tensor_op_hmma.sum"  # tensor-core instructions (mma.sync)
+# Both paths, FFMA and tensor cores: NCU_ALL and the tensor pipe (tensorcore.PATH_NCU_METRICS, all of them).
+NCU_PATHS = NCU_ALL + ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", HMMA]
 
 
-def ncu_target(chapter: str, variant: str = "ours") -> str:
-    """A script that runs the fused kernel once on P27 inside the NVTX range ``chapter/variant``."""
+def ncu_target(chapter: str, paths: Mapping[str, str] | None = None) -> str:
+    """A script that runs the fused kernel once on P27 per path (variant → math; default ``ours`` by
+    FFMA), each inside the NVTX range ``chapter/variant``."""
+    paths = dict(paths or {"ours": "fp32"})
     return f"""
 import torch, kernelbook as kb
 from kernelbook import gn_mean
@@ -136,9 +191,10 @@ torch.set_grad_enabled(False)  # the kernels are forward-only
 p27 = kb.problems.P27_CONV3D_GN_MEAN
 ext, m = kb.build.load("conv3d_gn_mean"), p27.model(seed=0).cuda()
 x = p27.inputs(seed=0, device="cuda")
-gn_mean.fused(ext, m, x)  # the first launch (opt-in attribute, first touch) stays outside
-with kb.timing.nvtx_range("{chapter}", "{variant}"):
-    gn_mean.fused(ext, m, x)
+for variant, math in {paths!r}.items():
+    gn_mean.fused(ext, m, x, math=math)  # the first launch (opt-in attribute, first touch) stays outside
+    with kb.timing.nvtx_range("{chapter}", variant):
+        gn_mean.fused(ext, m, x, math=math)
 torch.cuda.synchronize()
 """
 

@@ -209,9 +209,19 @@ def ncu_table(rows: list[dict]):
     return out
 
 
-# Chapter 6's counters for P73's eval-mode convolution, on the tensor cores (the default) and by FFMA:
-# the pipes, issue and warp slots, instructions per mma, and why warps waited between issues.
-P73_NCU_METRICS = [*NCU_METRICS[:3], "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+def mma3_rate() -> float:
+    """FLOP/s of float32-accurate products on the tensor cores, as chapter 8 measured them: a third of the
+    TF32 rate of its ``mma_peak`` kernel (``mma.sync`` on registers, nothing else), read from its record."""
+    from ..harness import records
+
+    ch8 = records.load("08_tensor_cores")
+    flop, t = ch8["variants"]["mma_peak"]["counts"]["flop"], ch8["timings_ms"]["mma_peak"]["median"]
+    return 1e3 * flop / t / 3
+
+
+# The capstones' counters for a kernel's two paths, on the tensor cores and by FFMA: the pipes, issue and
+# warp slots, instructions per mma, and why warps waited between issues.
+PATH_NCU_METRICS = [*NCU_METRICS[:3], "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
                    "sm__inst_executed_pipe_tensor_op_hmma.sum", "smsp__inst_executed.sum",
                    *(STALL.format(s) for s in STALLS)]
 
@@ -231,11 +241,11 @@ torch.cuda.synchronize()
 """
 
 
-def p73_counters(rows: list[dict], order_by: str = "ours_eval"):
-    """Nsight Compute's rows for chapter 6's two paths as counter × variant: % of cycles the tensor and
-    FMA pipes were busy, % of issue slots used and of warp slots occupied, warp instructions per mma
-    (where the tensor pipe worked), and, per issued instruction, the warps stalled for each reason, largest
-    first for the variant ``order_by``."""
+def path_counters(rows: list[dict], order_by: str):
+    """Nsight Compute's rows (``PATH_NCU_METRICS``) for a kernel's paths as counter × variant: % of cycles
+    the tensor and FMA pipes were busy, % of issue slots used and of warp slots occupied, warp instructions
+    per mma (where the tensor pipe worked), and, per issued instruction, the warps stalled for each reason,
+    largest first for the variant ``order_by``."""
     import pandas as pd
 
     t = pd.DataFrame(rows).pivot_table(index="variant", columns="metric", values="value", aggfunc="sum")
