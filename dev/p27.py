@@ -70,7 +70,7 @@ def variants(ext, kd: dict) -> tuple[dict[str, kb.measure.Variant], torch.nn.Mod
         "tail_fused": V(lambda: gm.tail(ext, m, x), "ours", counts=whole, mode="cuDNN conv, our tail", tf32=True),
         "ours": V(lambda: gm.fused(ext, m, x), "ours", counts=whole, role="headline"),
         "ours_tc": V(lambda: gm.fused(ext, m, x, math="3xtf32"), "ours", counts=whole, role="control",
-                     mode="3xTF32"),
+                     math="3xtf32"),
         **{f"ours_kd{u}": V(lambda e=e: gm.fused(e, m, x), "ours", counts=whole, role="control")
            for u, e in kd.items()},
     }, m, x

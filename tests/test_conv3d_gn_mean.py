@@ -380,10 +380,10 @@ def test_design_and_ladder_of_the_chapter():
     assert (dz["groups"], dz["warps_per_group"], dz["items"], dz["rounds"]) == (2, 8, 1508, 6)
     assert dz["useful"] == pytest.approx(29 / 32 * 1508 / 1536)
     rec = {"timings_ms": {v: {"median": 1.0} for v in ("eager", "compile", "compile_max", "tail_fused",
-                                                       "ours", "ours_kd2", "ours_kd4")}}
+                                                       "ours", "ours_kd2", "ours_kd4", "ours_tc")}}
     rows = gn_mean.ladder(rec, floor_ms=0.5)
     assert rows and all(r["version"] and r["what changed"] for r in rows)
-    assert [r["% of FFMA peak"] for r in rows if r["variant"]] == [50.0] * 7
+    assert [r["% of FFMA peak"] for r in rows if r["variant"]] == [50.0] * 8
 
 
 def test_pivot_shifted_sums_keep_their_digits():
