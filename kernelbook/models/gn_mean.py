@@ -280,7 +280,7 @@ def plot_ladder(steps, floor_ms: float, rec: Mapping):
     ax.barh([s["version"] for s in timed], [s["time (ms)"] for s in timed],
             color=[plots.colour(rec["variants"][s["variant"]]["provider"]) for s in timed])
     ax.axvline(floor_ms, color=plots.CEILING, ls=":")
-    ax.annotate("FFMA peak", (floor_ms, len(timed) - 0.6), fontsize=7, xytext=(3, 0),
+    ax.annotate("FFMA peak", (floor_ms, -0.45), fontsize=7, xytext=(3, 0),  # above the first bar
                 textcoords="offset points")
     ax.set(xscale="log", xlabel="median time (ms, log scale)", title="P27, version by version")
     ax.invert_yaxis()
