@@ -9,9 +9,10 @@
 // C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
-// math picks the output convolution's arithmetic (eval, and the moments path of training): "fp32" (FFMA),
-// "3xtf32" (tensor cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it runs, else fp32).
-// The in-place training strategy computes its convolution with FFMA whatever math says.
+// math picks the arithmetic of the output convolution (eval, and the moments path of training) and of the
+// moments' sums: "fp32" (FFMA), "3xtf32" (tensor cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto"
+// (3xtf32 where it runs, else fp32). The in-place training strategy computes its convolution with FFMA whatever
+// math says.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -223,9 +224,10 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
 // Which path strategy="auto" takes for x and conv_w: "moments" or "inplace" (the guard on the GPU, then one
 // host synchronisation to read its flag: for inspection and tests; the training call itself never waits).
 std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tensor& conv_w,
-                                      const std::optional<torch::Tensor>& conv_b) {
+                                      const std::optional<torch::Tensor>& conv_b, const std::string& math) {
     constexpr const char* op = "conv_bn_scale_auto_choice";
     const std::vector<int64_t> shape = checked_shape(op, x, conv_w, conv_b);
+    const int m = resolve_math(op, math, x);
     if (x.size(1) > cbs_moments_max_channels()) return "inplace";
     KB_CHECK(shape[0] >= 1, op, ": x holds no samples");
     const c10::cuda::CUDAGuard guard(x.device());
@@ -238,10 +240,17 @@ std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tenso
                                             acc.data_ptr<double>(), w_fold.data_ptr<float>(),
                                             b_fold.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
                                             static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                                            static_cast<int>(shape[1]), stream),
+                                            static_cast<int>(shape[1]), m, stream),
                      op);
     const int flag = acc.slice(0, cbs_guard_offset(), cbs_guard_offset() + 1).view(torch::kInt32)[0].item<int>();
     return flag != 0 ? "inplace" : "moments";
+}
+
+// The guard's threshold on κ for the moments' sums in FFMA ('fp32') or on the tensor cores ('3xtf32').
+double guard_kappa_max(const std::string& math) {
+    KB_CHECK(math == "fp32" || math == "3xtf32", "guard_kappa_max", ": math must be 'fp32' or '3xtf32', got '",
+             math, "'");
+    return cbs_guard_kappa_max(math == "3xtf32" ? kCbs3xTf32 : kCbsFp32);
 }
 
 // The arithmetic math='auto' (or the given math) picks for x on its GPU: 'fp32' or '3xtf32'.
@@ -277,10 +286,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           arg("x"), arg("math") = "auto");
     m.def("conv_bn_scale_auto_choice", &conv_bn_scale_auto_choice,
           "The path strategy='auto' takes for this batch and filter: 'moments', or 'inplace' when u*kappa of some "
-          "output channel exceeds the guard's tolerance (synchronises: for inspection)",
-          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none());
-    m.def("guard_kappa_max", &cbs_guard_kappa_max,
-          "The guard's threshold: strategy='auto' takes the in-place path when kappa of some channel exceeds it");
+          "output channel exceeds the guard's tolerance, with the moments' sums in the arithmetic `math` resolves "
+          "to (synchronises: for inspection)",
+          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none(), arg("math") = "auto");
+    m.def("guard_kappa_max", &guard_kappa_max,
+          "The guard's threshold for the moments' sums in `math` ('fp32' or '3xtf32'): strategy='auto' takes the "
+          "in-place path when kappa of some channel exceeds it",
+          arg("math"));
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");
 }

@@ -1,7 +1,7 @@
 // conv_bn_scale.cu — P73 (Conv2d 3×3 → BatchNorm2d → ·s) fused, in training and eval mode. NCHW float32,
 // stride 1, no padding. The convolution below is plain FFMA (no TF32); the eval mode and the moments strategy
 // can instead write their output with the 3xTF32 tensor-core convolution of conv_tf32.cuh (argument math),
-// which is float32-accurate too.
+// which is float32-accurate too, and the moments strategy then also forms its sums on the tensor cores.
 //
 // One direct-convolution kernel, compiled twice (template kStats):
 //   eval  (kStats = false): y = conv(x, W') + b' with W', b' folded from the eval-mode BN and s
@@ -643,49 +643,69 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
     return launch_apply_inplace(p, guard, stream);
 }
 
-// The moments' statistics and fold (conv_moments.cuh): four kernels, no convolution. acc: the workspace.
-cudaError_t moments_fold(const float* x, double* acc, const cbm::Finalize& f, int64_t N, int C_in, int H, int W,
+// The moments' statistics and fold (conv_moments.cuh): four kernels, no convolution. acc: the workspace. The
+// main sums by FFMA, or on the tensor cores (math 3xTF32); the guard's u follows: a 3xTF32 product errs by up to
+// 3·2^-22 = 12u of itself (chapter 8) against FFMA's exact product, and the mma adds its eight products before
+// the one rounding of the join — U_TF32 = 16u covers both, so the guard sends 16× less cancellation to the moments.
+cudaError_t moments_fold(const float* x, double* acc, cbm::Finalize f, int64_t N, int C_in, int H, int W, int math,
                          cudaStream_t stream) {
     // cbm:: names spelled out: namespace cbs has its own THREADS, K3 and smem_bytes<bool> (the convolution's),
     // which win over a using-directive's — an unqualified smem_bytes<16>() meant cbs::smem_bytes<true>() and
     // launched the main kernel 21 KB of shared memory short (an out-of-bounds write that compute-sanitizer found).
-    using cbm::MShape, cbm::moments_main_kernel, cbm::ACC_DOUBLES, cbm::TCOLS;
-    static int resident[64][2] = {};  // per device: {rows per tile, main-kernel blocks} (static: see resident_blocks)
+    using cbm::MShape, cbm::moments_main_kernel, cbm::moments_tc_kernel, cbm::ACC_DOUBLES, cbm::TCOLS;
+    // per device: {rows per tile, FFMA main-kernel blocks, tensor-core main-kernel blocks} (static: see
+    // resident_blocks)
+    static int resident[64][3] = {};
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
     int* cfg = resident[device % 64];
-    if (cfg[1] == 0) {
+    const bool tc = math == kCbs3xTf32;
+    if (cfg[tc ? 2 : 1] == 0) {
         int optin = 0, sms = 0, per_sm = 0;
         err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
         if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
         if (err != cudaSuccess) return err;
         const bool wide = optin >= cbm::smem_bytes<16>();
-        err = wide ? cudaFuncSetAttribute(moments_main_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          cbm::smem_bytes<16>())
-                   : cudaFuncSetAttribute(moments_main_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          cbm::smem_bytes<8>());
-        if (err == cudaSuccess)
-            err = wide ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<16>, cbm::THREADS,
-                                                                       cbm::smem_bytes<16>())
-                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<8>, cbm::THREADS,
-                                                                       cbm::smem_bytes<8>());
+        if (tc) {  // sm_80 or newer (the binding checks): 78,976 B fit every such GPU
+            err = cudaFuncSetAttribute(moments_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cbm::T_SMEM);
+            if (err == cudaSuccess)
+                err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_tc_kernel, cbm::T_THREADS,
+                                                                    cbm::T_SMEM);
+        } else {
+            err = wide ? cudaFuncSetAttribute(moments_main_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              cbm::smem_bytes<16>())
+                       : cudaFuncSetAttribute(moments_main_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              cbm::smem_bytes<8>());
+            if (err == cudaSuccess)
+                err = wide ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<16>,
+                                                                           cbm::THREADS, cbm::smem_bytes<16>())
+                           : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moments_main_kernel<8>,
+                                                                           cbm::THREADS, cbm::smem_bytes<8>());
+        }
         if (err != cudaSuccess) return err;
-        cfg[0] = wide ? 16 : 8;
-        cfg[1] = sms * (per_sm > 0 ? per_sm : 1);
+        if (!tc) cfg[0] = wide ? 16 : 8;
+        cfg[tc ? 2 : 1] = sms * (per_sm > 0 ? per_sm : 1);
     }
-    const int band = cfg[0];
+    const int band = tc ? cbm::T_BAND : cfg[0];
     MShape s{static_cast<int>(N), C_in, H, W, (H + band - 1) / band, (W + TCOLS - 1) / TCOLS, 0,
              W % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0};
     s.tiles = N * s.row_tiles * s.col_tiles;
+    if (tc && s.tiles > INT_MAX) return cudaErrorInvalidValue;  // its tile counter is 32-bit (16 TB of input)
     err = cudaMemsetAsync(acc, 0, sizeof(double) * ACC_DOUBLES, stream);
     if (err != cudaSuccess) return err;
-    const int grid = static_cast<int>(s.tiles < cfg[1] ? s.tiles : cfg[1]);
-    if (band == 16)
+    const int blocks = cfg[tc ? 2 : 1];
+    const int grid = static_cast<int>(s.tiles < blocks ? s.tiles : blocks);
+    if (tc) {
+        moments_tc_kernel<<<grid, cbm::T_THREADS, cbm::T_SMEM, stream>>>(x, s, acc);
+        f.u = cbm::U_TF32;
+    } else if (band == 16) {
         moments_main_kernel<16><<<grid, cbm::THREADS, cbm::smem_bytes<16>(), stream>>>(x, s, acc);
-    else
+    } else {
         moments_main_kernel<8><<<grid, cbm::THREADS, cbm::smem_bytes<8>(), stream>>>(x, s, acc);
-    cbm::moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), cbm::E_THREADS, 0, stream>>>(x, s, acc);
+    }
+    const dim3 edges(static_cast<unsigned>(N), 4);  // (sample, side)
+    cbm::moments_edge_kernel<<<edges, cbm::E_THREADS, 0, stream>>>(x, s, acc);
     cbm::moments_cov_kernel<<<C_in * cbm::K3 * cbm::K3, 128, 0, stream>>>(s, acc, f);
     cbm::moments_fold_kernel<<<f.C_out, cbm::F_THREADS, 0, stream>>>(x, s, acc, f);
     return cudaGetLastError();
@@ -722,7 +742,9 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
 int cbs_moments_max_channels() { return cbm::CI_MAX; }
 int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
 int64_t cbs_guard_offset() { return cbm::GUARD_OFFSET; }
-double cbs_guard_kappa_max() { return cbm::GUARD_TOL / cbm::U32; }
+double cbs_guard_kappa_max(int math) {
+    return cbm::GUARD_TOL / (math == kCbs3xTf32 ? cbm::U_TF32 : cbm::U32);
+}
 
 // Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
 // weights w_fold (C_out·C_in·9) and b_fold (C_out) from four kernels, then the eval convolution on them.
@@ -735,7 +757,7 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
                           nullptr, nullptr, C_out, momentum, eps, scale};
-    const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
+    const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, math, stream);
 }
@@ -758,7 +780,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
                           guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
-    cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
+    cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     if (running_mean) {
         cbm::moments_commit_kernel<<<1, cbm::C_THREADS, 0, stream>>>(f);  // flag 0: the staged statistics
@@ -776,11 +798,11 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
 // The guard alone, for inspection: the moments' statistics with the guard on x and w (nothing else written but
 // the workspaces); the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
 cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
-                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
+                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out, int math,
                                    cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);
     const cbm::Finalize f{w, b, nullptr, nullptr, nullptr, nullptr, nullptr, w_fold, b_fold, guard, nullptr,
                           C_out, -1.f, 0.f, 1.f};
-    return cbs::moments_fold(x, acc, f, N, C_in, H, W, stream);
+    return cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
 }

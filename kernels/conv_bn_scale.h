@@ -8,9 +8,10 @@
 
 #include <cstdint>
 
-// The arithmetic of the output convolution (eval mode, and the moments training strategy): FFMA in float32, or
-// the 3xTF32 split on the tensor cores (conv_tf32.cuh: sm_80 or newer, C_in ≤ cbs_tf32_max_channels()).
-// The in-place training strategy's convolution is always FFMA (its epilogue gathers the statistics).
+// The arithmetic of the output convolution (eval mode, and the moments training strategy) and of the moments'
+// sums: FFMA in float32, or the 3xTF32 split on the tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or
+// newer, C_in ≤ cbs_tf32_max_channels()). The in-place training strategy's convolution is always FFMA (its
+// epilogue gathers the statistics).
 enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1 };
 
 // Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
@@ -45,9 +46,10 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int H, int W, int C_out, float momentum, float eps, float scale, int math,
                                   cudaStream_t stream);
 
-// The guard alone: the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
+// The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
+// 32-bit word once the stream has run.
 cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
-                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out,
+                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out, int math,
                                    cudaStream_t stream);
 
 // The most input channels the 3xTF32 convolution takes (8: one mma k-step per filter tap).
@@ -63,8 +65,8 @@ cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_
 // The compile-time configuration: RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes (eval, train).
 void cbs_config(int* out);
 // The moments strategy's limits: input channels, workspace doubles, the guard flag's offset in it, and the
-// guard's threshold on κ.
+// guard's threshold on κ for the sums' arithmetic (GUARD_TOL / u: 16× lower on the tensor cores).
 int cbs_moments_max_channels();
 int64_t cbs_moments_workspace();
 int64_t cbs_guard_offset();
-double cbs_guard_kappa_max();
+double cbs_guard_kappa_max(int math);

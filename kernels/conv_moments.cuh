@@ -10,7 +10,8 @@
 // except near the border: with q = p + a it is the sum of Z(q) = x_i(q)·x_j(q+d) over the window
 // [a1, a1+HO) × [a2, a2+WO), which is the whole image minus at most two rows and two columns. So
 //   * the main kernel sums Z over the whole image, once per (i, j, d): 8·8·15 lags (d1 ∈ [0,2], d2 ∈ [−2,2];
-//     d1 < 0 follows from symmetry) instead of 72·72 patch products per position;
+//     d1 < 0 follows from symmetry) instead of 72·72 patch products per position — by FFMA
+//     (moments_main_kernel) or, for each lag a Gram product, on the tensor cores (moments_tc_kernel, 3xTF32);
 //   * the edge kernel sums Z along rows {0, 1, H−2, H−1} and columns {0, 1, W−2, W−1}, and the 16 corners;
 //   * the cov kernel forms each window's sum by inclusion–exclusion, then m and Σ (in double);
 //   * the fold kernel computes mean_c and var_c, updates the running statistics as nn.BatchNorm2d does, and
@@ -22,7 +23,7 @@
 // Numerics (chapter 5): the covariance is invariant to shifting each input channel, so every value is read as
 // x − x[0, i, 0, 0] (a per-channel pivot) before it is multiplied; the first moments use a constant channel 1
 // (index CI_MAX) on the same machinery. Products are summed in fp32 over one tile (≤ 16·8 per lane, then 16
-// lanes), and the tiles' sums in double. What this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is
+// lanes; on the tensor cores 8 per mma, 32 rows per lane, then 8 warps), and the tiles' sums in double. What this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is
 // nearly orthogonal to the input's variation (a difference filter on smooth inputs); then the in-place
 // strategy, which reduces the output itself, is the safe one.
 //
@@ -39,6 +40,7 @@
 #include <cstdint>
 
 #include "bn_stats.cuh"
+#include "tf32.cuh"
 
 namespace cbm {
 
@@ -90,6 +92,44 @@ __device__ __forceinline__ float pivot(const float* __restrict__ x, const MShape
     return __ldg(x + static_cast<int64_t>(ch) * s.H * s.W);  // x[0, ch, 0, 0]
 }
 
+__device__ __forceinline__ bool inside(const MShape& s, int r, int c) { return r >= 0 && r < s.H && c >= 0 && c < s.W; }
+
+// Stage rows rb .. rb+SROWS−1 of channels 0 .. chans−1, columns c0−4 .. c0+131, each pivot-shifted, at
+// sm[ch·cstride + rr·pitch + column], the column padded by spos (kPad) or not; zero outside the image and for
+// channels ≥ s.C (a product with a missing neighbour adds nothing). Rows of a multiple of 4 floats in 16-byte
+// aligned memory move as float4s (all 4 inside or all outside the image: c0 − 4 is a multiple of 4), 2 loads in
+// flight per thread (more would spill: the FFMA kernel's compute holds 80 registers).
+template <int SROWS, bool kPad>
+__device__ __forceinline__ void stage(float* sm, const float* __restrict__ x, const MShape& s, const float* piv,
+                                      int n, int rb, int c0, int chans, int cstride, int pitch) {
+    const auto src = [&](int ch, int r, int c) {
+        return x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c;
+    };
+    if (s.vec4) {
+        constexpr int Q = COLS / 4;
+#pragma unroll 2
+        for (int e = threadIdx.x; e < chans * SROWS * Q; e += blockDim.x) {
+            const int ch = e / (SROWS * Q), rr = e / Q % SROWS, q = e % Q;
+            const int r = rb + rr, c = c0 - 4 + 4 * q;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (ch < s.C && inside(s, r, c)) {
+                v = __ldg(reinterpret_cast<const float4*>(src(ch, r, c)));
+                const float p = piv[ch];
+                v.x -= p; v.y -= p; v.z -= p; v.w -= p;
+            }
+            *reinterpret_cast<float4*>(sm + ch * cstride + rr * pitch + (kPad ? spos(4 * q) : 4 * q)) = v;
+        }
+    } else {
+#pragma unroll 2
+        for (int e = threadIdx.x; e < chans * SROWS * COLS; e += blockDim.x) {
+            const int ch = e / (SROWS * COLS), rr = e / COLS % SROWS, cc = e % COLS;
+            const int r = rb + rr, c = c0 - 4 + cc;
+            sm[ch * cstride + rr * pitch + (kPad ? spos(cc) : cc)] =
+                ch < s.C && inside(s, r, c) ? __ldg(src(ch, r, c)) - piv[ch] : 0.f;
+        }
+    }
+}
+
 // Σ_q Z(q) over the whole image for every (i, j < C, d1, d2) and Σ_q x_i(q): acc[combo·SLOTS].
 template <int BAND>
 __global__ void __launch_bounds__(THREADS, 2)
@@ -109,36 +149,7 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
         const int rest = static_cast<int>(tile % per_sample);
         const int r0 = (rest / s.col_tiles) * BAND, c0 = (rest % s.col_tiles) * TCOLS;
         __syncthreads();  // the previous tile's reads are done (and piv is written)
-        // Stage rows r0 .. r0+SROWS−1 of every channel, columns c0−4 .. c0+131, zero outside the image (a product
-        // with a missing neighbour adds nothing). Rows of a multiple of 4 floats in 16-byte aligned memory move as
-        // float4s (all 4 inside or all outside the image: c0 − 4 is a multiple of 4), 2 loads in flight per
-        // thread (more would spill: the compute holds 80 registers).
-        if (s.vec4) {
-            constexpr int Q = COLS / 4;
-#pragma unroll 2
-            for (int e = threadIdx.x; e < s.C * SROWS * Q; e += THREADS) {
-                const int ch = e / (SROWS * Q), rr = e / Q % SROWS, q = e % Q;
-                const int r = r0 + rr, c = c0 - 4 + 4 * q;
-                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (r < s.H && c >= 0 && c < s.W) {
-                    v = __ldg(reinterpret_cast<const float4*>(
-                        x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c));
-                    const float p = piv[ch];
-                    v.x -= p; v.y -= p; v.z -= p; v.w -= p;
-                }
-                *reinterpret_cast<float4*>(sm + (ch * SROWS + rr) * PITCH + spos(4 * q)) = v;
-            }
-        } else {
-#pragma unroll 2
-            for (int e = threadIdx.x; e < s.C * SROWS * COLS; e += THREADS) {
-                const int ch = e / (SROWS * COLS), rr = e / COLS % SROWS, cc = e % COLS;
-                const int r = r0 + rr, c = c0 - 4 + cc;
-                sm[(ch * SROWS + rr) * PITCH + spos(cc)] =
-                    r < s.H && c >= 0 && c < s.W
-                        ? __ldg(x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + r) * s.W + c) - piv[ch]
-                        : 0.f;
-            }
-        }
+        stage<SROWS, true>(sm, x, s, piv, n, r0, c0, s.C, SROWS * PITCH, PITCH);  // x_i's rows, 2 more below
         __syncthreads();
 
         float a[D1][JG][ND];
@@ -216,20 +227,168 @@ moments_main_kernel(const float* __restrict__ x, MShape s, double* __restrict__ 
     }
 }
 
+// The same sums on the tensor cores (3xTF32, tf32.cuh; sm_80 or newer). For one lag d = (d1, d2) they are a Gram
+// product over positions: G_d[i][j] = Σ_q x_i(q − d)·x_j(q). An mma.sync.m16n8k8 takes 8 consecutive columns of
+// one row as its depth: B = x_j at those positions (8 partner channels, N = 8), A = x_i at the same positions
+// shifted back by the lag, two lags stacked (M = 16: rows (lag, i)). So the 15 lags are 8 mma tiles (the 16th
+// row block zero) sharing one B fragment, and a lag is only an offset into the staged rows: no im2col. Lane
+// (g, t) needs channel g at three rows (ρ, ρ − 1, ρ − 2) and nine columns (c + t − 2 … c + t + 6); a warp walks
+// down the rows of an 8-column chunk and keeps the three rows split into TF32 (hi, lo) in registers, so each value
+// is loaded and split once per chunk and serves 15 lags. The tile owns the positions of x_j (rows r0 … r0+15);
+// x_i is staged from two rows above. The first moments are summed from the staged rows (a warp per channel).
+constexpr int T_BAND = 16;                      // rows per tile
+constexpr int T_SROWS = T_BAND + D1 - 1;        // staged rows r0 − 2 … r0 + 15
+constexpr int T_PITCH = COLS;                   // 136 floats per staged row (c0 − 4 … c0 + 131)
+constexpr int T_CSTRIDE = T_SROWS * T_PITCH + 20;  // 2,468 ≡ 4 (mod 32): lanes (g, t) hit banks 4g + t, all 32
+constexpr int T_LAGS = D1 * ND;                 // 15 lags λ = 5·d1 + d2 + 2
+constexpr int T_MT = (T_LAGS + 1) / 2;          // 8 mma tiles, lags 2m and 2m + 1
+
+constexpr int TG = 4;                           // mma tiles in flight per row (4 independent chains)
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
+constexpr int T_MIN_BLOCKS = 1;  // ≈ 100 KB of shared memory per SM: one block fits anyway; no register cap
+#else
+constexpr int T_MIN_BLOCKS = 2;  // 2 blocks per SM: 128 registers (1 block at 166 registers was slower on the H200)
+#endif
+constexpr int T_WARPS = 8, T_THREADS = 32 * T_WARPS;
+constexpr int T_CHUNKS = TCOLS / 8 / T_WARPS;   // 2 chunks of 8 columns per warp
+constexpr int T_SMEM = CI_MAX * T_CSTRIDE * 4;  // 78,976 B
+constexpr double U_TF32 = 16 * U32;             // the guard's u for these sums (see moments_fold)
+static_assert(T_CSTRIDE % 32 == 4 && T_CSTRIDE % 4 == 0 && T_CSTRIDE >= T_SROWS * T_PITCH, "banks, float4 rows");
+static_assert(T_WARPS * 32 * 4 * T_MT + CI_MAX <= CI_MAX * T_CSTRIDE, "the warps' sums fit the staging buffer");
+static_assert(T_WARPS == CI_MAX, "the first moments: one warp per input channel");
+
+// Nine values of channel g (one staged row, columns c + t − 2 … c + t + 6) into window slot P, split.
+template <int P>
+__device__ __forceinline__ void load_row(uint32_t (&hi)[3][9], uint32_t (&lo)[3][9], const float* row) {
+#pragma unroll
+    for (int o = 0; o < 9; ++o) kb::split_fast(row[o], hi[P][o], lo[P][o]);
+}
+
+// excerpt: gram
+// One partner row ρ of an 8-column chunk: acc[m] += the 16 × 8 tile of lags 2m, 2m + 1 (rows: lag, i; columns: j).
+// Window slot l holds row ρ − l (row ρ is loaded here); lag (d1, d2) reads x_i at row ρ − d1, column offset −d2:
+// slot d1, entries 2 − d2 and 6 − d2. B is x_j at offsets 0 and 4: slot 0, entries 2 and 6.
+__device__ __forceinline__ void gram_row(float (&acc)[T_MT][4], uint32_t (&hi)[3][9], uint32_t (&lo)[3][9],
+                                         const float* row) {
+    load_row<0>(hi, lo, row);
+    const uint32_t b_hi[2] = {hi[0][2], hi[0][6]}, b_lo[2] = {lo[0][2], lo[0][6]};
+#pragma unroll
+    for (int half = 0; half < T_MT / TG; ++half) {  // TG tiles at a time: TG independent mma chains
+        float step[TG][4];
+        uint32_t a_hi[TG][4], a_lo[TG][4];
+#pragma unroll
+        for (int k = 0; k < TG; ++k) {
+            const int m = TG * half + k, la = 2 * m, lb = 2 * m + 1;
+            const int sa = la / ND, oa = 4 - la % ND, sb = lb / ND % D1, ob = 4 - lb % ND;
+            const bool pad = lb >= T_LAGS;  // the 16th lag row block: zeros
+            a_hi[k][0] = hi[sa][oa], a_hi[k][1] = pad ? 0u : hi[sb][ob];
+            a_hi[k][2] = hi[sa][oa + 4], a_hi[k][3] = pad ? 0u : hi[sb][ob + 4];
+            a_lo[k][0] = lo[sa][oa], a_lo[k][1] = pad ? 0u : lo[sb][ob];
+            a_lo[k][2] = lo[sa][oa + 4], a_lo[k][3] = pad ? 0u : lo[sb][ob + 4];
+        }
+#pragma unroll
+        for (int k = 0; k < TG; ++k) kb::mma0(step[k], a_lo[k], b_hi);  // small terms first, from zero
+#pragma unroll
+        for (int k = 0; k < TG; ++k) kb::mma(step[k], a_hi[k], b_lo);
+#pragma unroll
+        for (int k = 0; k < TG; ++k) kb::mma(step[k], a_hi[k], b_hi);
+#pragma unroll
+        for (int k = 0; k < TG; ++k)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[TG * half + k][e] += step[k][e];  // the row joins, rounded
+    }
+}
+// end excerpt: gram
+
+__global__ void __launch_bounds__(T_THREADS, T_MIN_BLOCKS)
+moments_tc_kernel(const float* __restrict__ x, MShape s, double* __restrict__ acc) {
+    extern __shared__ float4 smem4[];
+    float* sm = reinterpret_cast<float*>(smem4);
+    __shared__ float piv[CI_MAX];
+    if (threadIdx.x < CI_MAX) piv[threadIdx.x] = threadIdx.x < s.C ? pivot(x, s, threadIdx.x) : 0.f;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int per_sample = s.row_tiles * s.col_tiles;
+
+    for (int tile = blockIdx.x; tile < s.tiles; tile += gridDim.x) {  // s.tiles < 2^31 (moments_fold checks)
+        const int n = static_cast<int>(tile / per_sample);
+        const int rest = static_cast<int>(tile % per_sample);
+        const int r0 = (rest / s.col_tiles) * T_BAND, c0 = (rest % s.col_tiles) * TCOLS;
+        __syncthreads();  // the previous tile's sums are read (and piv is written)
+        stage<T_SROWS, false>(sm, x, s, piv, n, r0 - (D1 - 1), c0, CI_MAX, T_CSTRIDE, T_PITCH);
+        __syncthreads();
+
+        float sums[T_MT][4] = {};
+        const int rows = min(T_BAND, s.H - r0);
+#pragma unroll 1
+        for (int chunk = 0; chunk < T_CHUNKS; ++chunk) {
+            // Channel g, staged column c + t + 2 + o = image column c0 + c + t − 2 + o (o = 0 … 8).
+            const float* base = sm + g * T_CSTRIDE + 8 * (warp + T_WARPS * chunk) + t + 2;
+            uint32_t hi[3][9], lo[3][9];
+            load_row<2>(hi, lo, base);            // row r0 − 2: ρ − 2 for the first ρ
+            load_row<1>(hi, lo, base + T_PITCH);  // row r0 − 1
+#pragma unroll 1
+            for (int rr = 0; rr < rows; ++rr) {  // staged row rr + 2 is image row r0 + rr
+                gram_row(sums, hi, lo, base + (rr + 2) * T_PITCH);
+#pragma unroll
+                for (int o = 0; o < 9; ++o) {  // slide down: 36 moves (rotating the slots instead spilled)
+                    hi[2][o] = hi[1][o], lo[2][o] = lo[1][o];
+                    hi[1][o] = hi[0][o], lo[1][o] = lo[0][o];
+                }
+            }
+        }
+        // The first moments: warp w sums channel w's owned rows (staged rows 2 … rows + 1, columns 4 … 131).
+        float s1 = 0.f;
+        for (int e = lane; e < rows * (TCOLS / 4); e += 32) {
+            const float4 v = *reinterpret_cast<const float4*>(sm + warp * T_CSTRIDE + (e / (TCOLS / 4) + 2) * T_PITCH +
+                                                              4 + 4 * (e % (TCOLS / 4)));
+            s1 += (v.x + v.y) + (v.z + v.w);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        // Lane (g, t) holds, for tile m, (lag 2m, i = g) and (lag 2m + 1, i = g) × (j = 2t, 2t + 1). The 8 warps'
+        // sums go through shared memory ([warp][entry][lane], conflict-free both ways), then into double.
+        __syncthreads();  // every warp is done with the staged rows
+        float* red = sm;
+#pragma unroll
+        for (int m = 0; m < T_MT; ++m)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[(warp * T_MT * 4 + m * 4 + e) * 32 + lane] = sums[m][e];
+        if (lane == 0) red[T_WARPS * T_MT * 128 + warp] = s1;
+        __syncthreads();
+        for (int id = threadIdx.x; id < T_MT * 128; id += T_THREADS) {
+            const int m = id / 128, e = id / 32 % 4, ln = id % 32;
+            const int lag = 2 * m + (e >> 1), i = ln >> 2, j = 2 * (ln & 3) + (e & 1);
+            if (lag >= T_LAGS || i >= s.C || j >= s.C) continue;
+            float z = 0.f;
+#pragma unroll
+            for (int w = 0; w < T_WARPS; ++w) z += red[w * T_MT * 128 + id];
+            atomicAdd(acc + combo(i, j, lag / ND, lag % ND) * SLOTS, static_cast<double>(z));
+        }
+        if (threadIdx.x < s.C)
+            atomicAdd(acc + combo(threadIdx.x, CI_MAX, 0, 2) * SLOTS,
+                      static_cast<double>(red[T_WARPS * T_MT * 128 + threadIdx.x]));
+    }
+}
+
 // The border terms: one block per (sample, side). Sides 0 and 1 are the row pairs {0, 1} and {H−2, H−1}
 // (Σ over all columns → slots 1–4); sides 2 and 3 the column pairs {0, 1} and {W−2, W−1} (Σ over all rows →
 // slots 5–8, and the corners, where such a column crosses a border row → slots 9–24). A thread per
-// (i, j, d1) keeps the five d2 lags; lines are staged in chunks of E_CHUNK positions, so any H and W fit.
-constexpr int E_THREADS = 256;
+// (i, j, d1) keeps the five d2 lags; lines are staged in chunks of E_CHUNK positions, so any H and W fit. Four
+// groups of such threads split each chunk's positions and add their sums in shared memory before the atomics
+// (one group walking all 128 positions of P73's lines took 60 µs, a quarter of the moments' time; more blocks
+// instead, each with its own atomics, took longer).
+constexpr int E_GROUPS = 4;
+constexpr int E_GROUP_THREADS = 256;
+constexpr int E_THREADS = E_GROUPS * E_GROUP_THREADS;
 constexpr int E_CHUNK = 128;
+constexpr int E_PART = E_CHUNK / E_GROUPS;  // positions per group and chunk
 constexpr int E_COMBOS = CI_MAX * NJ * D1;  // 216 (i, j, d1)
 constexpr int E_ROWS_PITCH = E_CHUNK + 4;   // row sides: 4 rows × (chunk + 2 columns each side)
 constexpr int E_COLS_W = 6;                 // column sides: 6 columns (the pair ± 2)
 constexpr int E_SMEM_FLOATS = NJ * (E_CHUNK + 2) * E_COLS_W;  // ≥ NJ · 4 · E_ROWS_PITCH; the ones channel staged
-static_assert(E_COMBOS <= E_THREADS, "a thread per (i, j, d1)");
+static_assert(E_COMBOS <= E_GROUP_THREADS, "a thread per (i, j, d1) in each group");
+static_assert((E_GROUPS - 1) * E_COMBOS * 2 * ND <= E_SMEM_FLOATS, "the groups' sums fit the staging buffer");
 static_assert(NJ * 4 * E_ROWS_PITCH <= E_SMEM_FLOATS, "the row sides' staging fits the buffer");
-
-__device__ __forceinline__ bool inside(const MShape& s, int r, int c) { return r >= 0 && r < s.H && c >= 0 && c < s.W; }
 
 // Channel ch (the ones channel for ch = C: 1 inside the image), pivot-shifted, at (r, c) of sample xn; 0 outside.
 __device__ __forceinline__ float edge_value(const float* __restrict__ xn, const MShape& s, const float* piv, int ch,
@@ -245,7 +404,8 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
     __shared__ float piv[CI_MAX];
     const int n = blockIdx.x, side = blockIdx.y;
     if (threadIdx.x < CI_MAX) piv[threadIdx.x] = threadIdx.x < s.C ? pivot(x, s, threadIdx.x) : 0.f;
-    const int t = threadIdx.x, d1 = t % D1, jc = t / D1 % NJ, i = t / (D1 * NJ);
+    const int grp = threadIdx.x / E_GROUP_THREADS, t = threadIdx.x % E_GROUP_THREADS;
+    const int d1 = t % D1, jc = t / D1 % NJ, i = t / (D1 * NJ);
     const bool valid = t < E_COMBOS && i < s.C && (jc < s.C || jc == CI_MAX) && (jc < CI_MAX || d1 == 0);
     const int j = jc == CI_MAX ? s.C : jc;  // staged channel index: the ones channel follows the inputs
     const int staged = s.C + 1;
@@ -262,13 +422,14 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
             }
             __syncthreads();
             if (valid) {
-                const int len = min(E_CHUNK, s.W - cb);
+                const int c_begin = grp * E_PART, c_end = min(c_begin + E_PART, s.W - cb);
 #pragma unroll
                 for (int rl = 0; rl < 2; ++rl) {
                     const float* pi = buf + (i * 4 + rl) * E_ROWS_PITCH + 2;
                     const float* pj = buf + (j * 4 + rl + d1) * E_ROWS_PITCH;
-                    float win[ND] = {0.f, pj[0], pj[1], pj[2], pj[3]};  // x_j at c − 2 .. c + 2, slid along
-                    for (int c = 0; c < len; ++c) {
+                    const float* p0 = pj + c_begin;
+                    float win[ND] = {0.f, p0[0], p0[1], p0[2], p0[3]};  // x_j at c − 2 .. c + 2, slid along
+                    for (int c = c_begin; c < c_end; ++c) {
 #pragma unroll
                         for (int d = 0; d < ND - 1; ++d) win[d] = win[d + 1];
                         win[ND - 1] = pj[c + 4];
@@ -279,58 +440,63 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
                 }
             }
         }
-        if (valid) {
-#pragma unroll
-            for (int rl = 0; rl < 2; ++rl)
-#pragma unroll
-                for (int d = 0; d < ND; ++d)
-                    atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 1 + 2 * side + rl, static_cast<double>(sum[rl][d]));
-        }
-        return;
-    }
-    const int cb = side == 2 ? 0 : s.W - 2;  // lines cb, cb + 1; partners cb − 2 .. cb + 3
-    const int kc = 2 * (side - 2);           // their column slots kc, kc + 1
-    for (int rc = 0; rc < s.H; rc += E_CHUNK) {
-        __syncthreads();
+    } else {
+        const int cb = side == 2 ? 0 : s.W - 2;  // lines cb, cb + 1; partners cb − 2 .. cb + 3
+        const int kc = 2 * (side - 2);           // their column slots kc, kc + 1
+        for (int rc = 0; rc < s.H; rc += E_CHUNK) {
+            __syncthreads();
 #pragma unroll 4
-        for (int e = threadIdx.x; e < staged * (E_CHUNK + 2) * E_COLS_W; e += E_THREADS) {
-            const int ch = e / ((E_CHUNK + 2) * E_COLS_W), rr = e / E_COLS_W % (E_CHUNK + 2), cc = e % E_COLS_W;
-            buf[e] = edge_value(xn, s, piv, ch, rc + rr, cb - 2 + cc);
-        }
-        __syncthreads();
-        if (!valid) continue;
-        const int len = min(E_CHUNK, s.H - rc);
-        for (int r = 0; r < len; ++r) {
-            const int row = rc + r;
-            const float* pi = buf + (i * (E_CHUNK + 2) + r) * E_COLS_W + 2;
-            const float* pj = buf + (j * (E_CHUNK + 2) + r + d1) * E_COLS_W;
-            const bool border_row = row < 2 || row >= s.H - 2;
+            for (int e = threadIdx.x; e < staged * (E_CHUNK + 2) * E_COLS_W; e += E_THREADS) {
+                const int ch = e / ((E_CHUNK + 2) * E_COLS_W), rr = e / E_COLS_W % (E_CHUNK + 2);
+                const int cc = e % E_COLS_W;
+                buf[e] = edge_value(xn, s, piv, ch, rc + rr, cb - 2 + cc);
+            }
+            __syncthreads();
+            if (!valid) continue;
+            const int r_end = min(grp * E_PART + E_PART, s.H - rc);
+            for (int r = grp * E_PART; r < r_end; ++r) {
+                const int row = rc + r;
+                const float* pi = buf + (i * (E_CHUNK + 2) + r) * E_COLS_W + 2;
+                const float* pj = buf + (j * (E_CHUNK + 2) + r + d1) * E_COLS_W;
+                const bool border_row = row < 2 || row >= s.H - 2;
 #pragma unroll
-            for (int cl = 0; cl < 2; ++cl) {
-                const float xi = pi[cl];
-                float z[ND];
+                for (int cl = 0; cl < 2; ++cl) {
+                    const float xi = pi[cl];
+                    float z[ND];
 #pragma unroll
-                for (int d = 0; d < ND; ++d) {
-                    z[d] = xi * pj[cl + d];
-                    sum[cl][d] += z[d];
-                }
-                if (!border_row) continue;
+                    for (int d = 0; d < ND; ++d) {
+                        z[d] = xi * pj[cl + d];
+                        sum[cl][d] += z[d];
+                    }
+                    if (!border_row) continue;
 #pragma unroll
-                for (int kr = 0; kr < 4; ++kr) {  // the product is also a corner (slots repeat when H < 4)
-                    if (row != (kr < 2 ? kr : s.H - 4 + kr)) continue;
+                    for (int kr = 0; kr < 4; ++kr) {  // the product is also a corner (slots repeat when H < 4)
+                        if (row != (kr < 2 ? kr : s.H - 4 + kr)) continue;
 #pragma unroll
-                    for (int d = 0; d < ND; ++d)
-                        atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 9 + kr * 4 + kc + cl, static_cast<double>(z[d]));
+                        for (int d = 0; d < ND; ++d)
+                            atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 9 + kr * 4 + kc + cl,
+                                      static_cast<double>(z[d]));
+                    }
                 }
             }
         }
     }
-    if (valid) {
+    // The groups' sums meet in shared memory (the staging buffer, once every group is done), then go to double:
+    // row sides to slots 1 + 2·side + line, column sides to 5 + 2·(side − 2) + line.
+    __syncthreads();
+    if (grp > 0 && t < E_COMBOS)
 #pragma unroll
-        for (int cl = 0; cl < 2; ++cl)
+        for (int e = 0; e < 2 * ND; ++e) buf[((grp - 1) * E_COMBOS + t) * 2 * ND + e] = sum[e / ND][e % ND];
+    __syncthreads();
+    if (grp == 0 && valid) {
+        const int slot0 = side < 2 ? 1 + 2 * side : 5 + 2 * (side - 2);
 #pragma unroll
-            for (int d = 0; d < ND; ++d)
-                atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 5 + kc + cl, static_cast<double>(sum[cl][d]));
+        for (int e = 0; e < 2 * ND; ++e) {
+            float v = sum[e / ND][e % ND];
+#pragma unroll
+            for (int g = 1; g < E_GROUPS; ++g) v += buf[((g - 1) * E_COMBOS + t) * 2 * ND + e];
+            atomicAdd(acc + combo(i, jc, d1, e % ND) * SLOTS + slot0 + e / ND, static_cast<double>(v));
+        }
     }
 }
 
@@ -360,6 +526,7 @@ struct Finalize {
     int C_out;
     float momentum;        // < 0: None (cumulative average)
     float eps, scale;
+    double u = U32;        // the sums' unit roundoff in the guard's model (U_TF32 for moments_tc_kernel's)
 };
 
 // Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX), the running-average
@@ -439,7 +606,7 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; absq += red[2][k]; }
     var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
     // u·κ_c > GUARD_TOL without dividing (var may be 0): any such channel sends this call to the in-place path.
-    if (f.guard && threadIdx.x == 0 && U32 * absq > GUARD_TOL * var) atomicOr(f.guard, 1u);
+    if (f.guard && threadIdx.x == 0 && f.u * absq > GUARD_TOL * var) atomicOr(f.guard, 1u);
     // end excerpt: guard
     const double bias = f.bias ? f.bias[c] : 0.0;
     mu += bias;

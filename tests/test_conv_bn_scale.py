@@ -1,5 +1,6 @@
 """The P73 capstone's fused kernels (kernels/conv_bn_scale.*) against float64, in training and eval mode, with
-the convolution by FFMA (math="fp32") and on the tensor cores (math="3xtf32", the default where it runs).
+the convolution and the moments' sums by FFMA (math="fp32") or on the tensor cores (math="3xtf32", the default
+where it runs).
 
 GPU tests are marked ``gpu``; argument checks and compilation of the swept variants run wherever the CUDA
 toolkit is (marked ``compile``).
@@ -199,12 +200,55 @@ def test_auto_guard_takes_the_inplace_path_on_ill_conditioned_data(cbs):
 
 
 @pytest.mark.gpu
-def test_auto_guard_takes_the_moments_on_p73(cbs):
+@pytest.mark.parametrize("math", MATHS)
+def test_auto_guard_takes_the_moments_on_p73(cbs, math):
+    skip_without_tensor_cores(math)
     prob = kb.problems.P73_CONV_BN_SCALE
     model = prob.model(seed=0).cuda()
     x = prob.inputs(seed=1, device="cuda")
     with torch.no_grad():
-        assert cbs.conv_bn_scale_auto_choice(x, model.conv.weight, model.conv.bias) == "moments"
+        assert cbs.conv_bn_scale_auto_choice(x, model.conv.weight, model.conv.bias, math=math) == "moments"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, misaligned", [((3, 5, 40, 133, 7), True), ((2, 8, 16, 128, 8), False),
+                                               ((1, 6, 70, 257, 3), False), ((4, 1, 3, 9, 2), True)])
+def test_moments_sums_on_both_paths_match_float64(cbs, shape, misaligned):
+    """The moments strategy with its sums by FFMA and on the tensor cores, on shapes around the tensor-core
+    kernel's 16-row, 128-column tiles, with x 16-byte aligned (float4 staging) or not: the batch statistics
+    (momentum 1: the running statistics are this batch's) and the output against float64."""
+    skip_without_tensor_cores("3xtf32")
+    n, c_in, h, w, c_out = shape
+    for math in MATHS:
+        ref, ours = _modules(c_in, c_out, 1.0, seed=sum(shape))
+        x = check.rand([n * c_in * h * w + 1], seed=w, device="cuda", low=-0.5, high=1.5)
+        x = (x[1:] if misaligned else x[:-1]).view(n, c_in, h, w)
+        tol = train_tol(x, ref["conv"])
+        y = run_train(cbs, ours, x, 1.0, strategy="moments", math=math)
+        with torch.no_grad():
+            y_ref = ref["bn"](ref["conv"](x.double())) * SCALE
+        check.assert_close(y, y_ref, tol, what=f"moments ({math}) output {shape}")
+        check.assert_close(ours["bn"].running_var, ref["bn"].running_var, 2 * tol, what=f"running_var ({math})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shift", [1000.0, -1000.0])
+def test_moments_on_tensor_cores_no_worse_than_eager_on_shifted_input(cbs, shift):
+    """P73's training step on x + shift: the default path (the moments' sums and the convolution on the tensor
+    cores) errs no more than eager PyTorch in float32 (TF32 off) on the same input; its variance within 1e-5."""
+    skip_without_tensor_cores("3xtf32")
+    prob = kb.problems.P73_CONV_BN_SCALE
+    model = prob.model(seed=0).cuda()
+    ref, eager = copy.deepcopy(model).double(), copy.deepcopy(model)
+    x = prob.inputs(seed=3, batch=16, device="cuda") + shift
+    with torch.no_grad(), kb.precision.tf32(False):
+        y_ref, y_eager = ref(x.double()), eager(x)
+    y = cbs.conv_bn_scale_train(x, model.conv.weight, model.conv.bias, model.bn.weight, model.bn.bias,
+                                model.bn.running_mean, model.bn.running_var, model.bn.num_batches_tracked, 0.1,
+                                model.bn.eps, SCALE, strategy="moments", math="3xtf32")
+    err, err_eager = (check.report(t, y_ref, 1.0)["rel_err"] for t in (y, y_eager))
+    assert err <= err_eager, (err, err_eager)
+    check.assert_close(model.bn.running_var, ref.bn.running_var, 1e-5, what="running_var")
 
 
 @pytest.mark.gpu
@@ -222,7 +266,10 @@ def test_backward_is_refused_by_name(cbs):
 
 @pytest.mark.compile
 def test_guard_threshold_and_probe_checks(cbs):
-    assert cbs.guard_kappa_max() == pytest.approx(1e-5 * 2.0**24)
+    assert cbs.guard_kappa_max("fp32") == pytest.approx(1e-5 * 2.0**24)
+    assert cbs.guard_kappa_max("3xtf32") == pytest.approx(1e-5 * 2.0**20)  # u = 16·2^-24 for the 3xTF32 sums
+    with pytest.raises(RuntimeError, match="guard_kappa_max: math must be 'fp32' or '3xtf32', got 'auto'"):
+        cbs.guard_kappa_max("auto")
     with pytest.raises(RuntimeError, match="conv_bn_scale_auto_choice: x must be a CUDA tensor"):
         cbs.conv_bn_scale_auto_choice(torch.ones(1, 3, 6, 6), torch.ones(5, 3, 3, 3), None)
 
