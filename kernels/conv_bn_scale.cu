@@ -704,8 +704,7 @@ cudaError_t moments_fold(const float* x, double* acc, cbm::Finalize f, int64_t N
     } else {
         moments_main_kernel<8><<<grid, cbm::THREADS, cbm::smem_bytes<8>(), stream>>>(x, s, acc);
     }
-    const dim3 edges(static_cast<unsigned>(N), 4);  // (sample, side)
-    cbm::moments_edge_kernel<<<edges, cbm::E_THREADS, 0, stream>>>(x, s, acc);
+    cbm::moments_edge_kernel<<<dim3(static_cast<unsigned>(N), 4), cbm::E_THREADS, 0, stream>>>(x, s, acc);
     cbm::moments_cov_kernel<<<C_in * cbm::K3 * cbm::K3, 128, 0, stream>>>(s, acc, f);
     cbm::moments_fold_kernel<<<f.C_out, cbm::F_THREADS, 0, stream>>>(x, s, acc, f);
     return cudaGetLastError();

@@ -373,21 +373,14 @@ moments_tc_kernel(const float* __restrict__ x, MShape s, double* __restrict__ ac
 // The border terms: one block per (sample, side). Sides 0 and 1 are the row pairs {0, 1} and {H−2, H−1}
 // (Σ over all columns → slots 1–4); sides 2 and 3 the column pairs {0, 1} and {W−2, W−1} (Σ over all rows →
 // slots 5–8, and the corners, where such a column crosses a border row → slots 9–24). A thread per
-// (i, j, d1) keeps the five d2 lags; lines are staged in chunks of E_CHUNK positions, so any H and W fit. Four
-// groups of such threads split each chunk's positions and add their sums in shared memory before the atomics
-// (one group walking all 128 positions of P73's lines took 60 µs, a quarter of the moments' time; more blocks
-// instead, each with its own atomics, took longer).
-constexpr int E_GROUPS = 4;
-constexpr int E_GROUP_THREADS = 256;
-constexpr int E_THREADS = E_GROUPS * E_GROUP_THREADS;
+// (i, j, d1) keeps the five d2 lags; lines are staged in chunks of E_CHUNK positions, so any H and W fit.
+constexpr int E_THREADS = 256;
 constexpr int E_CHUNK = 128;
-constexpr int E_PART = E_CHUNK / E_GROUPS;  // positions per group and chunk
 constexpr int E_COMBOS = CI_MAX * NJ * D1;  // 216 (i, j, d1)
 constexpr int E_ROWS_PITCH = E_CHUNK + 4;   // row sides: 4 rows × (chunk + 2 columns each side)
 constexpr int E_COLS_W = 6;                 // column sides: 6 columns (the pair ± 2)
 constexpr int E_SMEM_FLOATS = NJ * (E_CHUNK + 2) * E_COLS_W;  // ≥ NJ · 4 · E_ROWS_PITCH; the ones channel staged
-static_assert(E_COMBOS <= E_GROUP_THREADS, "a thread per (i, j, d1) in each group");
-static_assert((E_GROUPS - 1) * E_COMBOS * 2 * ND <= E_SMEM_FLOATS, "the groups' sums fit the staging buffer");
+static_assert(E_COMBOS <= E_THREADS, "a thread per (i, j, d1)");
 static_assert(NJ * 4 * E_ROWS_PITCH <= E_SMEM_FLOATS, "the row sides' staging fits the buffer");
 
 // Channel ch (the ones channel for ch = C: 1 inside the image), pivot-shifted, at (r, c) of sample xn; 0 outside.
@@ -404,8 +397,7 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
     __shared__ float piv[CI_MAX];
     const int n = blockIdx.x, side = blockIdx.y;
     if (threadIdx.x < CI_MAX) piv[threadIdx.x] = threadIdx.x < s.C ? pivot(x, s, threadIdx.x) : 0.f;
-    const int grp = threadIdx.x / E_GROUP_THREADS, t = threadIdx.x % E_GROUP_THREADS;
-    const int d1 = t % D1, jc = t / D1 % NJ, i = t / (D1 * NJ);
+    const int t = threadIdx.x, d1 = t % D1, jc = t / D1 % NJ, i = t / (D1 * NJ);
     const bool valid = t < E_COMBOS && i < s.C && (jc < s.C || jc == CI_MAX) && (jc < CI_MAX || d1 == 0);
     const int j = jc == CI_MAX ? s.C : jc;  // staged channel index: the ones channel follows the inputs
     const int staged = s.C + 1;
@@ -422,14 +414,13 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
             }
             __syncthreads();
             if (valid) {
-                const int c_begin = grp * E_PART, c_end = min(c_begin + E_PART, s.W - cb);
+                const int len = min(E_CHUNK, s.W - cb);
 #pragma unroll
                 for (int rl = 0; rl < 2; ++rl) {
                     const float* pi = buf + (i * 4 + rl) * E_ROWS_PITCH + 2;
                     const float* pj = buf + (j * 4 + rl + d1) * E_ROWS_PITCH;
-                    const float* p0 = pj + c_begin;
-                    float win[ND] = {0.f, p0[0], p0[1], p0[2], p0[3]};  // x_j at c − 2 .. c + 2, slid along
-                    for (int c = c_begin; c < c_end; ++c) {
+                    float win[ND] = {0.f, pj[0], pj[1], pj[2], pj[3]};  // x_j at c − 2 .. c + 2, slid along
+                    for (int c = 0; c < len; ++c) {
 #pragma unroll
                         for (int d = 0; d < ND - 1; ++d) win[d] = win[d + 1];
                         win[ND - 1] = pj[c + 4];
@@ -440,63 +431,58 @@ __global__ void __launch_bounds__(E_THREADS) moments_edge_kernel(const float* __
                 }
             }
         }
-    } else {
-        const int cb = side == 2 ? 0 : s.W - 2;  // lines cb, cb + 1; partners cb − 2 .. cb + 3
-        const int kc = 2 * (side - 2);           // their column slots kc, kc + 1
-        for (int rc = 0; rc < s.H; rc += E_CHUNK) {
-            __syncthreads();
+        if (valid) {
+#pragma unroll
+            for (int rl = 0; rl < 2; ++rl)
+#pragma unroll
+                for (int d = 0; d < ND; ++d)
+                    atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 1 + 2 * side + rl, static_cast<double>(sum[rl][d]));
+        }
+        return;
+    }
+    const int cb = side == 2 ? 0 : s.W - 2;  // lines cb, cb + 1; partners cb − 2 .. cb + 3
+    const int kc = 2 * (side - 2);           // their column slots kc, kc + 1
+    for (int rc = 0; rc < s.H; rc += E_CHUNK) {
+        __syncthreads();
 #pragma unroll 4
-            for (int e = threadIdx.x; e < staged * (E_CHUNK + 2) * E_COLS_W; e += E_THREADS) {
-                const int ch = e / ((E_CHUNK + 2) * E_COLS_W), rr = e / E_COLS_W % (E_CHUNK + 2);
-                const int cc = e % E_COLS_W;
-                buf[e] = edge_value(xn, s, piv, ch, rc + rr, cb - 2 + cc);
-            }
-            __syncthreads();
-            if (!valid) continue;
-            const int r_end = min(grp * E_PART + E_PART, s.H - rc);
-            for (int r = grp * E_PART; r < r_end; ++r) {
-                const int row = rc + r;
-                const float* pi = buf + (i * (E_CHUNK + 2) + r) * E_COLS_W + 2;
-                const float* pj = buf + (j * (E_CHUNK + 2) + r + d1) * E_COLS_W;
-                const bool border_row = row < 2 || row >= s.H - 2;
+        for (int e = threadIdx.x; e < staged * (E_CHUNK + 2) * E_COLS_W; e += E_THREADS) {
+            const int ch = e / ((E_CHUNK + 2) * E_COLS_W), rr = e / E_COLS_W % (E_CHUNK + 2), cc = e % E_COLS_W;
+            buf[e] = edge_value(xn, s, piv, ch, rc + rr, cb - 2 + cc);
+        }
+        __syncthreads();
+        if (!valid) continue;
+        const int len = min(E_CHUNK, s.H - rc);
+        for (int r = 0; r < len; ++r) {
+            const int row = rc + r;
+            const float* pi = buf + (i * (E_CHUNK + 2) + r) * E_COLS_W + 2;
+            const float* pj = buf + (j * (E_CHUNK + 2) + r + d1) * E_COLS_W;
+            const bool border_row = row < 2 || row >= s.H - 2;
 #pragma unroll
-                for (int cl = 0; cl < 2; ++cl) {
-                    const float xi = pi[cl];
-                    float z[ND];
+            for (int cl = 0; cl < 2; ++cl) {
+                const float xi = pi[cl];
+                float z[ND];
 #pragma unroll
-                    for (int d = 0; d < ND; ++d) {
-                        z[d] = xi * pj[cl + d];
-                        sum[cl][d] += z[d];
-                    }
-                    if (!border_row) continue;
+                for (int d = 0; d < ND; ++d) {
+                    z[d] = xi * pj[cl + d];
+                    sum[cl][d] += z[d];
+                }
+                if (!border_row) continue;
 #pragma unroll
-                    for (int kr = 0; kr < 4; ++kr) {  // the product is also a corner (slots repeat when H < 4)
-                        if (row != (kr < 2 ? kr : s.H - 4 + kr)) continue;
+                for (int kr = 0; kr < 4; ++kr) {  // the product is also a corner (slots repeat when H < 4)
+                    if (row != (kr < 2 ? kr : s.H - 4 + kr)) continue;
 #pragma unroll
-                        for (int d = 0; d < ND; ++d)
-                            atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 9 + kr * 4 + kc + cl,
-                                      static_cast<double>(z[d]));
-                    }
+                    for (int d = 0; d < ND; ++d)
+                        atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 9 + kr * 4 + kc + cl, static_cast<double>(z[d]));
                 }
             }
         }
     }
-    // The groups' sums meet in shared memory (the staging buffer, once every group is done), then go to double:
-    // row sides to slots 1 + 2·side + line, column sides to 5 + 2·(side − 2) + line.
-    __syncthreads();
-    if (grp > 0 && t < E_COMBOS)
+    if (valid) {
 #pragma unroll
-        for (int e = 0; e < 2 * ND; ++e) buf[((grp - 1) * E_COMBOS + t) * 2 * ND + e] = sum[e / ND][e % ND];
-    __syncthreads();
-    if (grp == 0 && valid) {
-        const int slot0 = side < 2 ? 1 + 2 * side : 5 + 2 * (side - 2);
+        for (int cl = 0; cl < 2; ++cl)
 #pragma unroll
-        for (int e = 0; e < 2 * ND; ++e) {
-            float v = sum[e / ND][e % ND];
-#pragma unroll
-            for (int g = 1; g < E_GROUPS; ++g) v += buf[((g - 1) * E_COMBOS + t) * 2 * ND + e];
-            atomicAdd(acc + combo(i, jc, d1, e % ND) * SLOTS + slot0 + e / ND, static_cast<double>(v));
-        }
+            for (int d = 0; d < ND; ++d)
+                atomicAdd(acc + combo(i, jc, d1, d) * SLOTS + 5 + kc + cl, static_cast<double>(sum[cl][d]));
     }
 }
 
