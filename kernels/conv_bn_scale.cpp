@@ -9,10 +9,10 @@
 // C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
-// math picks the arithmetic of the output convolution (eval, and the moments path of training) and of the
-// moments' sums: "fp32" (FFMA), "3xtf32" (tensor cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto"
-// (3xtf32 where it runs, else fp32). The in-place training strategy computes its convolution with FFMA whatever
-// math says.
+// math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
+// cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it runs, else fp32) — except for
+// the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the FFMA
+// convolution is the more accurate (chapter 6 measures both); math="3xtf32" puts it on the tensor cores too.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -134,8 +134,6 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     constexpr const char* op = "conv_bn_scale_train";
     KB_CHECK(strategy == "auto" || strategy == "moments" || strategy == "inplace", op,
              ": strategy must be 'auto', 'moments' or 'inplace', got '", strategy, "'");
-    KB_CHECK(strategy != "inplace" || math != "3xtf32", op, ": the in-place strategy computes its convolution ",
-             "with FFMA (its epilogue gathers the statistics); math='3xtf32' needs strategy 'moments' or 'auto'");
     KB_CHECK(strategy != "moments" || x.dim() != 4 || x.size(1) <= cbs_moments_max_channels(), op,
              ": the moments strategy supports at most ", cbs_moments_max_channels(), " input channels, got ",
              x.size(1), " (use strategy='inplace' or 'auto')");
@@ -161,6 +159,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     const auto fopts = x.options();
     const int c_in = static_cast<int>(x.size(1));
     const int m = resolve_math(op, math, x);
+    const int m_inplace = math == "auto" ? kCbsFp32 : m;  // the in-place path: FFMA unless asked (see above)
     if (strategy == "auto" && c_in <= cbs_moments_max_channels()) {
         int64_t slots = 0;
         kb::check_cuda(cbs_train_slots(N, c_in, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
@@ -181,7 +180,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                 w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), staged.data_ptr<float>(),
                 mab.data_ptr<float>(), partial.data_ptr(), slots, N, c_in, static_cast<int>(x.size(2)),
                 static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                static_cast<float>(eps), static_cast<float>(scale), m, stream),
+                static_cast<float>(eps), static_cast<float>(scale), m, m_inplace, stream),
             op);
         return y;
     }
@@ -216,7 +215,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                          partial.data_ptr(), slots, reinterpret_cast<unsigned*>(arrivals.data_ptr<int32_t>()), N,
                          static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
                          static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                         static_cast<float>(eps), static_cast<float>(scale), stream),
+                         static_cast<float>(eps), static_cast<float>(scale), m_inplace, stream),
         op);
     return y;
 }

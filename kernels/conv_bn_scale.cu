@@ -600,7 +600,7 @@ namespace cbs {
 // ("auto" chose the moments).
 cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
                  int C_out, const unsigned* guard, int math, cudaStream_t stream) {
-    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, stream);
+    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 0u, stream);
     if (math != kCbsFp32) return cudaErrorInvalidValue;
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles == 0) return cudaSuccess;
@@ -626,19 +626,70 @@ bool inplace_ok(int64_t N, int H, int W, int C_out, int64_t slots, float* y) {
     return kb::bn_apply_grid(N, C_out, HW, kb::bn_vec4(y, y, HW) ? 4 : 1, &grid);
 }
 
-// The in-place strategy; with a guard, only when *guard == 1 ("auto" chose it).
+// The in-place strategy's statistics when its convolution ran on the tensor cores (whose epilogue keeps no
+// statistics: its registers are full): block (c, part) reads part `part` of channel c's N·HO·WO outputs — whole
+// planes' ranges, coalesced — into per-thread Welford states, merges them in the block and writes one partial
+// state; the last block merges them all in double (finish_stats). One more read of y than the FFMA epilogue.
+constexpr int S_THREADS = 256;
+
+__global__ void __launch_bounds__(S_THREADS) channel_stats_kernel(const float* __restrict__ y, Shape s, Stats st,
+                                                                  int parts) {
+    if (st.guard != nullptr && *st.guard != st.run_if) return;  // block-uniform
+    __shared__ kb::Welford<float> scratch[S_THREADS / 32];
+    __shared__ bool last;
+    const int c = blockIdx.x / parts, part = blockIdx.x % parts;
+    const int64_t hw = static_cast<int64_t>(s.HO) * s.WO, total = s.N * hw;
+    const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
+    kb::Welford<float> w{0.f, 0.f, 0.f};
+    for (int64_t n = begin / hw; n * hw < end; ++n) {  // the planes this part touches, each a contiguous range
+        const float* plane = y + (n * s.C_out + c) * hw;
+        const int64_t lo = begin > n * hw ? begin - n * hw : 0, hi = end < (n + 1) * hw ? end - n * hw : hw;
+        for (int64_t q = lo + threadIdx.x; q < hi; q += S_THREADS) {
+            const float v = plane[q];
+            w.n += 1.f;
+            const float d = v - w.mean;
+            w.mean += __fdividef(d, w.n);  // an IEEE division per value made the pass compute-bound (3×)
+            w.m2 = fmaf(d, v - w.mean, w.m2);
+        }
+    }
+    w = kb::welford_block_reduce(w, scratch);
+    if (threadIdx.x == 0) st.partial[static_cast<int64_t>(c) * parts + part] = w;
+    __threadfence();  // publish this block's partial state before announcing it
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(st.arrivals, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    finish_stats(st, s, parts);
+}
+
+// The in-place strategy; with a guard, only when *guard == 1 ("auto" chose it). By FFMA (statistics in the
+// convolution's epilogue), or on the tensor cores (math): conv_tf32.cuh writes y, channel_stats_kernel reads it.
 cudaError_t train_inplace(const float* x, const float* w, const float* b, float* y, const float* gamma,
                           const float* beta, float* running_mean, float* running_var,
                           int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                           unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                          float eps, float scale, const unsigned* guard, cudaStream_t stream) {
+                          float eps, float scale, const unsigned* guard, int math, cudaStream_t stream) {
     Shape s = make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(cbs_tiles(N, H, W, C_out));
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
     const Apply p{y, mab, num_batches_tracked, N, C_out, HW};  // the in-place apply's parameters
     Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
              running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
-    cudaError_t err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
+    cudaError_t err;
+    if (math == kCbs3xTf32) {
+        err = cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 1u, stream);
+        if (err != cudaSuccess) return err;
+        // parts per channel: ≈ 2,048 blocks in all, at most the slots the caller allocated, at least 1
+        const int64_t want = (2048 + C_out - 1) / C_out, parts = want < slots ? want : slots;
+        channel_stats_kernel<<<static_cast<unsigned>(C_out * parts), S_THREADS, 0, stream>>>(y, s, st,
+                                                                                            static_cast<int>(parts));
+        err = cudaGetLastError();
+    } else if (math == kCbsFp32) {
+        err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
+    } else {
+        return cudaErrorInvalidValue;
+    }
     if (err != cudaSuccess) return err;
     return launch_apply_inplace(p, guard, stream);
 }
@@ -723,17 +774,18 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
 }
 
 // Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
-// kernel, which also counts the batch). Workspaces: partial [C_out · slots] Welford states (slots from
-// cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
+// kernel, which also counts the batch); the convolution by FFMA or on the tensor cores (math). Workspaces:
+// partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, cudaStream_t stream) {
+                             float eps, float scale, int math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
-    if (!cbs::inplace_ok(N, H, W, C_out, slots, y)) return cudaErrorInvalidValue;
+    if (!cbs::inplace_ok(N, H, W, C_out, slots, y) || (math == kCbs3xTf32 && C_in > cbt::CI))
+        return cudaErrorInvalidValue;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab, partial,
-                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, stream);
+                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, math, stream);
 }
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles), and the
@@ -762,7 +814,8 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
 }
 
 // "auto" (C_in ≤ 8): the moments' statistics and fold with the guard, then both strategies' launches, each
-// gated by the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. Workspaces: those of
+// gated by the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. math: the moments' sums
+// and their convolution; inplace_math: the in-place path's convolution. Workspaces: those of
 // both strategies (the in-place path's arrivals counter lives in acc, zeroed by the cov kernel), and staged
 // [2·C_out] floats when the running statistics are tracked.
 cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
@@ -770,7 +823,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
                                   int H, int W, int C_out, float momentum, float eps, float scale, int math,
-                                  cudaStream_t stream) {
+                                  int inplace_math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
     if (!cbs::moments_ok(N, C_in, H, W) || !cbs::inplace_ok(N, H, W, C_out, slots, y) ||
         (running_mean != nullptr && staged == nullptr))
@@ -790,7 +843,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     if (err != cudaSuccess) return err;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
                               partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,
-                              stream);  // flag 1
+                              inplace_math, stream);  // flag 1
     // end excerpt: auto
 }
 

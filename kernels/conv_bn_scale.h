@@ -8,10 +8,10 @@
 
 #include <cstdint>
 
-// The arithmetic of the output convolution (eval mode, and the moments training strategy) and of the moments'
-// sums: FFMA in float32, or the 3xTF32 split on the tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or
-// newer, C_in ≤ cbs_tf32_max_channels()). The in-place training strategy's convolution is always FFMA (its
-// epilogue gathers the statistics).
+// The arithmetic of the output convolution and of the moments' sums: FFMA in float32, or the 3xTF32 split on the
+// tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or newer, C_in ≤ cbs_tf32_max_channels()). The in-place
+// training strategy gathers its statistics in the FFMA convolution's epilogue, or in a pass over y after the
+// tensor-core convolution.
 enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1 };
 
 // Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
@@ -25,7 +25,7 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, cudaStream_t stream);
+                             float eps, float scale, int math, cudaStream_t stream);
 
 // Training mode from the input's moments (C_in ≤ cbs_moments_max_channels()): statistics, running statistics and
 // the folded weights w_fold (C_out·C_in·9), b_fold (C_out), then the eval convolution on them. acc:
@@ -44,7 +44,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
                                   int H, int W, int C_out, float momentum, float eps, float scale, int math,
-                                  cudaStream_t stream);
+                                  int inplace_math, cudaStream_t stream);
 
 // The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
 // 32-bit word once the stream has run.

@@ -1,6 +1,6 @@
 // conv_tf32.cuh — P73's 3×3 convolution as an implicit GEMM on the tensor cores, float32-accurate through
 // the 3xTF32 split (tf32.cuh): y = conv(x, w) + b, NCHW float32, stride 1, no padding, C_in ≤ 8.
-// Included by conv_bn_scale.cu, whose eval mode and moments training strategy write their output with it.
+// Included by conv_bn_scale.cu, whose eval mode and training strategies can write their output with it.
 //
 // The GEMM: rows = output channels (M), columns = output pixels of one row (N), depth = C_in·9 (K = 72 for
 // P73), ordered (kh, kw, ci): each 8-deep k-step is one filter tap (kh, kw) over the 8 input channels
@@ -175,11 +175,11 @@ __device__ __forceinline__ void compute(float (&acc)[MT][NT][4], const float* in
 }
 // end excerpt: taps
 
-// guard: null, or run only when *guard == 0 ("auto" training chose the moments path).
+// guard: null, or run only when *guard == run_if ("auto" training: 0 for the moments path, 1 for in place).
 __global__ void __launch_bounds__(THREADS, 2)  // 2 blocks per SM: at most 128 registers
 conv3x3_3xtf32_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                      float* __restrict__ y, Shape s, const unsigned* guard) {
-    if (guard != nullptr && *guard != 0u) return;  // block-uniform, before any barrier or store
+                      float* __restrict__ y, Shape s, const unsigned* guard, unsigned run_if) {
+    if (guard != nullptr && *guard != run_if) return;  // block-uniform, before any barrier or store
     extern __shared__ __align__(16) float smem[];
     uint32_t* w_hi = reinterpret_cast<uint32_t*>(smem + 2 * IN_BUF);
     uint32_t* w_lo = w_hi + W_PLANE;
@@ -288,7 +288,7 @@ static cudaError_t resident_blocks(int* out) {
 
 // y = conv(x, w) + b on the tensor cores; C_in ≤ 8 (the caller checks), the GPU sm_80 or newer.
 static cudaError_t conv(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                        int C_out, const unsigned* guard, cudaStream_t stream) {
+                        int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream) {
     const int64_t n_tiles = tiles(N, H, W, C_out);
     if (n_tiles == 0) return cudaSuccess;
     if (n_tiles > INT32_MAX || C_in < 1 || C_in > CI) return cudaErrorInvalidValue;
@@ -300,7 +300,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
     const cudaError_t err = resident_blocks(&blocks);
     if (err != cudaSuccess) return err;
     const int grid = s.n_tiles < blocks ? s.n_tiles : blocks;
-    conv3x3_3xtf32_kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard);
+    conv3x3_3xtf32_kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if);
     return cudaGetLastError();
 }
 

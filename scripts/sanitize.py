@@ -162,17 +162,18 @@ def conv_bn_scale() -> None:
             mod.conv_bn_scale_eval(x, c.weight, c.bias, out, math=math)
             check.assert_close(out, F.conv2d(x.double(), c.weight.double(), c.bias.double()), 1e-5,
                                what=f"cbs eval {shape} ({math})")
-    # The moments' sums on both paths: x misaligned (scalar staging), two row tiles and two column tiles.
-    for math in ("fp32", "3xtf32"):
+    # The moments' sums on both paths: x misaligned (scalar staging), two row tiles and two column tiles; and the
+    # in-place strategy on the tensor cores (its statistics in a pass over y).
+    for strategy, math in (("moments", "fp32"), ("moments", "3xtf32"), ("inplace", "3xtf32")):
         torch.manual_seed(3)
         r64 = nn.ModuleDict({"conv": nn.Conv2d(5, 4, 3), "bn": nn.BatchNorm2d(4)}).double().cuda()
         ours = copy.deepcopy(r64).float()
         c, b = ours["conv"], ours["bn"]
         x = check.rand([5 * 35 * 130 + 1], seed=9, device="cuda")[1:].view(1, 5, 35, 130)
         out = mod.conv_bn_scale_train(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
-                                      b.num_batches_tracked, 0.1, b.eps, 2.0, strategy="moments", math=math)
+                                      b.num_batches_tracked, 0.1, b.eps, 2.0, strategy=strategy, math=math)
         with torch.no_grad():
-            check.assert_close(out, r64["bn"](r64["conv"](x.double())) * 2.0, 1e-4, what=f"cbs moments ({math})")
+            check.assert_close(out, r64["bn"](r64["conv"](x.double())) * 2.0, 1e-4, what=f"cbs {strategy} ({math})")
     # strategy="auto" on data where the moments would cancel (a difference filter on a smooth field): the
     # guard must pick the in-place path on the GPU, and both paths' kernels launch (one of them exits at once).
     r, s = torch.arange(18.0, device="cuda")[:, None], torch.arange(20.0, device="cuda")[None, :]

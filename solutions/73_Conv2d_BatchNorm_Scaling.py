@@ -259,10 +259,10 @@ constexpr int64_t bn_apply_max_plane() { return int64_t{65535} * kBnThreads * kB
 
 #include <cstdint>
 
-// The arithmetic of the output convolution (eval mode, and the moments training strategy) and of the moments'
-// sums: FFMA in float32, or the 3xTF32 split on the tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or
-// newer, C_in ≤ cbs_tf32_max_channels()). The in-place training strategy's convolution is always FFMA (its
-// epilogue gathers the statistics).
+// The arithmetic of the output convolution and of the moments' sums: FFMA in float32, or the 3xTF32 split on the
+// tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or newer, C_in ≤ cbs_tf32_max_channels()). The in-place
+// training strategy gathers its statistics in the FFMA convolution's epilogue, or in a pass over y after the
+// tensor-core convolution.
 enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1 };
 
 // Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
@@ -276,7 +276,7 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, cudaStream_t stream);
+                             float eps, float scale, int math, cudaStream_t stream);
 
 // Training mode from the input's moments (C_in ≤ cbs_moments_max_channels()): statistics, running statistics and
 // the folded weights w_fold (C_out·C_in·9), b_fold (C_out), then the eval convolution on them. acc:
@@ -295,7 +295,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
                                   int H, int W, int C_out, float momentum, float eps, float scale, int math,
-                                  cudaStream_t stream);
+                                  int inplace_math, cudaStream_t stream);
 
 // The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
 // 32-bit word once the stream has run.
@@ -1022,7 +1022,7 @@ __global__ void __launch_bounds__(C_THREADS) moments_commit_kernel(Finalize f) {
 // ---- begin conv_tf32.cuh (inlined by scripts/make_solutions.py) ----
 // conv_tf32.cuh — P73's 3×3 convolution as an implicit GEMM on the tensor cores, float32-accurate through
 // the 3xTF32 split (tf32.cuh): y = conv(x, w) + b, NCHW float32, stride 1, no padding, C_in ≤ 8.
-// Included by conv_bn_scale.cu, whose eval mode and moments training strategy write their output with it.
+// Included by conv_bn_scale.cu, whose eval mode and training strategies can write their output with it.
 //
 // The GEMM: rows = output channels (M), columns = output pixels of one row (N), depth = C_in·9 (K = 72 for
 // P73), ordered (kh, kw, ci): each 8-deep k-step is one filter tap (kh, kw) over the 8 input channels
@@ -1196,11 +1196,11 @@ __device__ __forceinline__ void compute(float (&acc)[MT][NT][4], const float* in
 }
 // end excerpt: taps
 
-// guard: null, or run only when *guard == 0 ("auto" training chose the moments path).
+// guard: null, or run only when *guard == run_if ("auto" training: 0 for the moments path, 1 for in place).
 __global__ void __launch_bounds__(THREADS, 2)  // 2 blocks per SM: at most 128 registers
 conv3x3_3xtf32_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                      float* __restrict__ y, Shape s, const unsigned* guard) {
-    if (guard != nullptr && *guard != 0u) return;  // block-uniform, before any barrier or store
+                      float* __restrict__ y, Shape s, const unsigned* guard, unsigned run_if) {
+    if (guard != nullptr && *guard != run_if) return;  // block-uniform, before any barrier or store
     extern __shared__ __align__(16) float smem[];
     uint32_t* w_hi = reinterpret_cast<uint32_t*>(smem + 2 * IN_BUF);
     uint32_t* w_lo = w_hi + W_PLANE;
@@ -1309,7 +1309,7 @@ static cudaError_t resident_blocks(int* out) {
 
 // y = conv(x, w) + b on the tensor cores; C_in ≤ 8 (the caller checks), the GPU sm_80 or newer.
 static cudaError_t conv(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                        int C_out, const unsigned* guard, cudaStream_t stream) {
+                        int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream) {
     const int64_t n_tiles = tiles(N, H, W, C_out);
     if (n_tiles == 0) return cudaSuccess;
     if (n_tiles > INT32_MAX || C_in < 1 || C_in > CI) return cudaErrorInvalidValue;
@@ -1321,7 +1321,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
     const cudaError_t err = resident_blocks(&blocks);
     if (err != cudaSuccess) return err;
     const int grid = s.n_tiles < blocks ? s.n_tiles : blocks;
-    conv3x3_3xtf32_kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard);
+    conv3x3_3xtf32_kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if);
     return cudaGetLastError();
 }
 
@@ -1890,7 +1890,7 @@ namespace cbs {
 // ("auto" chose the moments).
 cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
                  int C_out, const unsigned* guard, int math, cudaStream_t stream) {
-    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, stream);
+    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 0u, stream);
     if (math != kCbsFp32) return cudaErrorInvalidValue;
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles == 0) return cudaSuccess;
@@ -1916,19 +1916,70 @@ bool inplace_ok(int64_t N, int H, int W, int C_out, int64_t slots, float* y) {
     return kb::bn_apply_grid(N, C_out, HW, kb::bn_vec4(y, y, HW) ? 4 : 1, &grid);
 }
 
-// The in-place strategy; with a guard, only when *guard == 1 ("auto" chose it).
+// The in-place strategy's statistics when its convolution ran on the tensor cores (whose epilogue keeps no
+// statistics: its registers are full): block (c, part) reads part `part` of channel c's N·HO·WO outputs — whole
+// planes' ranges, coalesced — into per-thread Welford states, merges them in the block and writes one partial
+// state; the last block merges them all in double (finish_stats). One more read of y than the FFMA epilogue.
+constexpr int S_THREADS = 256;
+
+__global__ void __launch_bounds__(S_THREADS) channel_stats_kernel(const float* __restrict__ y, Shape s, Stats st,
+                                                                  int parts) {
+    if (st.guard != nullptr && *st.guard != st.run_if) return;  // block-uniform
+    __shared__ kb::Welford<float> scratch[S_THREADS / 32];
+    __shared__ bool last;
+    const int c = blockIdx.x / parts, part = blockIdx.x % parts;
+    const int64_t hw = static_cast<int64_t>(s.HO) * s.WO, total = s.N * hw;
+    const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
+    kb::Welford<float> w{0.f, 0.f, 0.f};
+    for (int64_t n = begin / hw; n * hw < end; ++n) {  // the planes this part touches, each a contiguous range
+        const float* plane = y + (n * s.C_out + c) * hw;
+        const int64_t lo = begin > n * hw ? begin - n * hw : 0, hi = end < (n + 1) * hw ? end - n * hw : hw;
+        for (int64_t q = lo + threadIdx.x; q < hi; q += S_THREADS) {
+            const float v = plane[q];
+            w.n += 1.f;
+            const float d = v - w.mean;
+            w.mean += __fdividef(d, w.n);  // an IEEE division per value made the pass compute-bound (3×)
+            w.m2 = fmaf(d, v - w.mean, w.m2);
+        }
+    }
+    w = kb::welford_block_reduce(w, scratch);
+    if (threadIdx.x == 0) st.partial[static_cast<int64_t>(c) * parts + part] = w;
+    __threadfence();  // publish this block's partial state before announcing it
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(st.arrivals, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    finish_stats(st, s, parts);
+}
+
+// The in-place strategy; with a guard, only when *guard == 1 ("auto" chose it). By FFMA (statistics in the
+// convolution's epilogue), or on the tensor cores (math): conv_tf32.cuh writes y, channel_stats_kernel reads it.
 cudaError_t train_inplace(const float* x, const float* w, const float* b, float* y, const float* gamma,
                           const float* beta, float* running_mean, float* running_var,
                           int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                           unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                          float eps, float scale, const unsigned* guard, cudaStream_t stream) {
+                          float eps, float scale, const unsigned* guard, int math, cudaStream_t stream) {
     Shape s = make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(cbs_tiles(N, H, W, C_out));
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
     const Apply p{y, mab, num_batches_tracked, N, C_out, HW};  // the in-place apply's parameters
     Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
              running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
-    cudaError_t err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
+    cudaError_t err;
+    if (math == kCbs3xTf32) {
+        err = cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 1u, stream);
+        if (err != cudaSuccess) return err;
+        // parts per channel: ≈ 2,048 blocks in all, at most the slots the caller allocated, at least 1
+        const int64_t want = (2048 + C_out - 1) / C_out, parts = want < slots ? want : slots;
+        channel_stats_kernel<<<static_cast<unsigned>(C_out * parts), S_THREADS, 0, stream>>>(y, s, st,
+                                                                                            static_cast<int>(parts));
+        err = cudaGetLastError();
+    } else if (math == kCbsFp32) {
+        err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
+    } else {
+        return cudaErrorInvalidValue;
+    }
     if (err != cudaSuccess) return err;
     return launch_apply_inplace(p, guard, stream);
 }
@@ -2013,17 +2064,18 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
 }
 
 // Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
-// kernel, which also counts the batch). Workspaces: partial [C_out · slots] Welford states (slots from
-// cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
+// kernel, which also counts the batch); the convolution by FFMA or on the tensor cores (math). Workspaces:
+// partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, cudaStream_t stream) {
+                             float eps, float scale, int math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
-    if (!cbs::inplace_ok(N, H, W, C_out, slots, y)) return cudaErrorInvalidValue;
+    if (!cbs::inplace_ok(N, H, W, C_out, slots, y) || (math == kCbs3xTf32 && C_in > cbt::CI))
+        return cudaErrorInvalidValue;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab, partial,
-                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, stream);
+                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, math, stream);
 }
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles), and the
@@ -2052,7 +2104,8 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
 }
 
 // "auto" (C_in ≤ 8): the moments' statistics and fold with the guard, then both strategies' launches, each
-// gated by the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. Workspaces: those of
+// gated by the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. math: the moments' sums
+// and their convolution; inplace_math: the in-place path's convolution. Workspaces: those of
 // both strategies (the in-place path's arrivals counter lives in acc, zeroed by the cov kernel), and staged
 // [2·C_out] floats when the running statistics are tracked.
 cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
@@ -2060,7 +2113,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
                                   int H, int W, int C_out, float momentum, float eps, float scale, int math,
-                                  cudaStream_t stream) {
+                                  int inplace_math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
     if (!cbs::moments_ok(N, C_in, H, W) || !cbs::inplace_ok(N, H, W, C_out, slots, y) ||
         (running_mean != nullptr && staged == nullptr))
@@ -2080,7 +2133,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     if (err != cudaSuccess) return err;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
                               partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,
-                              stream);  // flag 1
+                              inplace_math, stream);  // flag 1
     // end excerpt: auto
 }
 
@@ -2109,10 +2162,10 @@ CPP_SRC = r'''
 // C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
-// math picks the arithmetic of the output convolution (eval, and the moments path of training) and of the
-// moments' sums: "fp32" (FFMA), "3xtf32" (tensor cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto"
-// (3xtf32 where it runs, else fp32). The in-place training strategy computes its convolution with FFMA whatever
-// math says.
+// math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
+// cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it runs, else fp32) — except for
+// the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the FFMA
+// convolution is the more accurate (chapter 6 measures both); math="3xtf32" puts it on the tensor cores too.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -2133,10 +2186,10 @@ CPP_SRC = r'''
 
 #include <cstdint>
 
-// The arithmetic of the output convolution (eval mode, and the moments training strategy) and of the moments'
-// sums: FFMA in float32, or the 3xTF32 split on the tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or
-// newer, C_in ≤ cbs_tf32_max_channels()). The in-place training strategy's convolution is always FFMA (its
-// epilogue gathers the statistics).
+// The arithmetic of the output convolution and of the moments' sums: FFMA in float32, or the 3xTF32 split on the
+// tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or newer, C_in ≤ cbs_tf32_max_channels()). The in-place
+// training strategy gathers its statistics in the FFMA convolution's epilogue, or in a pass over y after the
+// tensor-core convolution.
 enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1 };
 
 // Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
@@ -2150,7 +2203,7 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, cudaStream_t stream);
+                             float eps, float scale, int math, cudaStream_t stream);
 
 // Training mode from the input's moments (C_in ≤ cbs_moments_max_channels()): statistics, running statistics and
 // the folded weights w_fold (C_out·C_in·9), b_fold (C_out), then the eval convolution on them. acc:
@@ -2169,7 +2222,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
                                   int H, int W, int C_out, float momentum, float eps, float scale, int math,
-                                  cudaStream_t stream);
+                                  int inplace_math, cudaStream_t stream);
 
 // The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
 // 32-bit word once the stream has run.
@@ -2465,8 +2518,6 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     constexpr const char* op = "conv_bn_scale_train";
     KB_CHECK(strategy == "auto" || strategy == "moments" || strategy == "inplace", op,
              ": strategy must be 'auto', 'moments' or 'inplace', got '", strategy, "'");
-    KB_CHECK(strategy != "inplace" || math != "3xtf32", op, ": the in-place strategy computes its convolution ",
-             "with FFMA (its epilogue gathers the statistics); math='3xtf32' needs strategy 'moments' or 'auto'");
     KB_CHECK(strategy != "moments" || x.dim() != 4 || x.size(1) <= cbs_moments_max_channels(), op,
              ": the moments strategy supports at most ", cbs_moments_max_channels(), " input channels, got ",
              x.size(1), " (use strategy='inplace' or 'auto')");
@@ -2492,6 +2543,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     const auto fopts = x.options();
     const int c_in = static_cast<int>(x.size(1));
     const int m = resolve_math(op, math, x);
+    const int m_inplace = math == "auto" ? kCbsFp32 : m;  // the in-place path: FFMA unless asked (see above)
     if (strategy == "auto" && c_in <= cbs_moments_max_channels()) {
         int64_t slots = 0;
         kb::check_cuda(cbs_train_slots(N, c_in, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
@@ -2512,7 +2564,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                 w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), staged.data_ptr<float>(),
                 mab.data_ptr<float>(), partial.data_ptr(), slots, N, c_in, static_cast<int>(x.size(2)),
                 static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                static_cast<float>(eps), static_cast<float>(scale), m, stream),
+                static_cast<float>(eps), static_cast<float>(scale), m, m_inplace, stream),
             op);
         return y;
     }
@@ -2547,7 +2599,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                          partial.data_ptr(), slots, reinterpret_cast<unsigned*>(arrivals.data_ptr<int32_t>()), N,
                          static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
                          static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                         static_cast<float>(eps), static_cast<float>(scale), stream),
+                         static_cast<float>(eps), static_cast<float>(scale), m_inplace, stream),
         op);
     return y;
 }
