@@ -47,7 +47,7 @@ CHAPTER = "06_capstone_conv_bn_scale"  # the NVTX ranges are the chapter's: <cha
 P73 = kb.problems.P73_CONV_BN_SCALE
 SCALE = P73.init_args[3]
 TOL = 1e-5                                   # the chapter's bound against float64
-TARGET_MS = {"train": 0.80, "eval": 0.45}    # the chapter's targets
+TARGET_MS = {"train": 0.35, "eval": 0.25}    # the chapter's targets
 ODD_SHAPES = [(1, 8, 33, 97, 64), (4, 3, 32, 32, 16), (2, 19, 9, 130, 5), (2, 8, 17, 300, 100)]  # N, C_in, H, W, C_out
 
 
