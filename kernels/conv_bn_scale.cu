@@ -104,6 +104,7 @@ struct Stats {
     float eps, scale;
     const unsigned* guard;         // "auto": run only when *guard == run_if (conv_moments.cuh); null: always run
     unsigned run_if;
+    float* save;                   // [2·C_out]: batch mean, 1/√(var + ε) for the backward (bn_stats.cuh), or null
 };
 
 struct Tile {
@@ -304,8 +305,21 @@ __device__ void finish_stats(const Stats& st, const Shape& s, int slots) {
         tot = kb::welford_warp_reduce(tot);
         if (lane != 0) continue;
         kb::bn_finish_channel(tot, c, s.C_out, st.mab, st.gamma, st.beta, st.running_mean, st.running_var,
-                              st.num_batches_tracked, st.momentum, st.eps, st.scale);  // bn_stats.cuh
+                              st.num_batches_tracked, st.momentum, st.eps, st.scale, st.save);  // bn_stats.cuh
     }
+}
+
+// After a block wrote its partial states: count it in, and the last block of the grid to arrive merges every
+// channel's states (finish_stats). Block-uniform; every thread of the block calls it.
+__device__ __forceinline__ void last_block_finishes(const Stats& st, const Shape& s, int slots) {
+    __shared__ bool last;
+    __threadfence();  // publish this block's partial states before announcing them
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(st.arrivals, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    finish_stats(st, s, slots);
 }
 
 template <bool kStats, bool kPipe>
@@ -425,14 +439,7 @@ conv3x3_kernel(const float* __restrict__ x, const float* __restrict__ w, const f
 
     if (!kStats) return;
     if (resident_cb >= 0) flush_stats(ts, st, s, resident_cb * co_b + CO_T * g, slot, slots, lane);
-    __shared__ bool last;
-    __threadfence();  // publish this block's partial states before announcing them
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(st.arrivals, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    finish_stats(st, s, slots);
+    last_block_finishes(st, s, slots);
 }
 
 // Persistent grid: as many blocks as fit on the GPU at once (asked once per device and kernel), after opting
@@ -485,10 +492,10 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
     return cudaGetLastError();
 }
 
-// y ← (y − m[c])·a[c] + b[c] in place over chapter 1's apply work items (bn_stats.cuh's grid), (plane (n, c), tile) = item / tiles,
-// item % tiles, walked by a grid of at most kApplyBlocksPerSM blocks per SM (so that a launch the guard
-// turns away costs a few hundred empty blocks, not one per item), and the batch counted
-// (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
+// y ← (y − m[c])·a[c] + b[c] in place over chapter 1's apply work items (bn_stats.cuh's grid),
+// (plane (n, c), tile) = item / tiles, item % tiles, walked by a grid of at most kApplyBlocksPerSM blocks per
+// SM (so that a launch the guard turns away costs a few hundred empty blocks, not one per item), and the batch
+// counted (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
 // bn_train's bn_apply_kernel with x == y would be undefined behaviour: it reads through a const __restrict__
 // pointer, which nvcc compiles to ld.global.nc (the data must be read-only for the kernel's whole lifetime)
 // while the same kernel writes it. Here one pointer, not __restrict__, is read and then written.
@@ -636,7 +643,6 @@ __global__ void __launch_bounds__(S_THREADS) channel_stats_kernel(const float* _
                                                                   int parts) {
     if (st.guard != nullptr && *st.guard != st.run_if) return;  // block-uniform
     __shared__ kb::Welford<float> scratch[S_THREADS / 32];
-    __shared__ bool last;
     const int c = blockIdx.x / parts, part = blockIdx.x % parts;
     const int64_t hw = static_cast<int64_t>(s.HO) * s.WO, total = s.N * hw;
     const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
@@ -654,13 +660,7 @@ __global__ void __launch_bounds__(S_THREADS) channel_stats_kernel(const float* _
     }
     w = kb::welford_block_reduce(w, scratch);
     if (threadIdx.x == 0) st.partial[static_cast<int64_t>(c) * parts + part] = w;
-    __threadfence();  // publish this block's partial state before announcing it
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(st.arrivals, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    finish_stats(st, s, parts);
+    last_block_finishes(st, s, parts);
 }
 
 // The in-place strategy; with a guard, only when *guard == 1 ("auto" chose it). By FFMA (statistics in the
@@ -669,13 +669,13 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
                           const float* beta, float* running_mean, float* running_var,
                           int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                           unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                          float eps, float scale, const unsigned* guard, int math, cudaStream_t stream) {
+                          float eps, float scale, float* save, const unsigned* guard, int math, cudaStream_t stream) {
     Shape s = make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(cbs_tiles(N, H, W, C_out));
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
     const Apply p{y, mab, num_batches_tracked, N, C_out, HW};  // the in-place apply's parameters
     Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
-             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
+             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u, save};
     cudaError_t err;
     if (math == kCbs3xTf32) {
         err = cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 1u, stream);
@@ -696,8 +696,9 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
 
 // The moments' statistics and fold (conv_moments.cuh): four kernels, no convolution. acc: the workspace. The
 // main sums by FFMA, or on the tensor cores (math 3xTF32); the guard's u follows: a 3xTF32 product errs by up to
-// 3·2^-22 = 12u of itself (chapter 8) against FFMA's exact product, and the mma adds its eight products before
-// the one rounding of the join — U_TF32 = 16u covers both, so the guard sends 16× less cancellation to the moments.
+// 3.5·2^-22 = 14u of itself (its low parts truncated, not rounded: the tensor-core chapter) against FFMA's exact
+// product, and the mma adds its eight products before the one rounding of the join — U_TF32 = 16u covers both, so
+// the guard sends 16× less cancellation to the moments.
 cudaError_t moments_fold(const float* x, double* acc, cbm::Finalize f, int64_t N, int C_in, int H, int W, int math,
                          cudaStream_t stream) {
     // cbm:: names spelled out: namespace cbs has its own THREADS, K3 and smem_bytes<bool> (the convolution's),
@@ -780,12 +781,13 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, int math, cudaStream_t stream) {
+                             float eps, float scale, float* save, int math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
     if (!cbs::inplace_ok(N, H, W, C_out, slots, y) || (math == kCbs3xTf32 && C_in > cbt::CI))
         return cudaErrorInvalidValue;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab, partial,
-                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, math, stream);
+                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, save, nullptr, math,
+                              stream);
 }
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles), and the
@@ -804,10 +806,10 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                      int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, int math, cudaStream_t stream) {
+                                     float scale, float* save, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          nullptr, nullptr, C_out, momentum, eps, scale};
+                          nullptr, nullptr, C_out, momentum, eps, scale, cbm::U32, save};
     const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, math, stream);
@@ -822,8 +824,8 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   const float* beta, float* running_mean, float* running_var,
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale, int math,
-                                  int inplace_math, cudaStream_t stream) {
+                                  int H, int W, int C_out, float momentum, float eps, float scale, float* save,
+                                  int math, int inplace_math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
     if (!cbs::moments_ok(N, C_in, H, W) || !cbs::inplace_ok(N, H, W, C_out, slots, y) ||
         (running_mean != nullptr && staged == nullptr))
@@ -831,7 +833,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     // excerpt: auto
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
+                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale, cbm::U32, save};
     cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     if (running_mean) {
@@ -842,7 +844,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, math, stream);  // flag 0
     if (err != cudaSuccess) return err;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
-                              partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,
+                              partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, save, guard,
                               inplace_math, stream);  // flag 1
     // end excerpt: auto
 }

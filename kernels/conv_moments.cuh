@@ -23,9 +23,10 @@
 // Numerics (chapter 5): the covariance is invariant to shifting each input channel, so every value is read as
 // x − x[0, i, 0, 0] (a per-channel pivot) before it is multiplied; the first moments use a constant channel 1
 // (index CI_MAX) on the same machinery. Products are summed in fp32 over one tile (≤ 16·8 per lane, then 16
-// lanes; on the tensor cores 8 per mma, 32 rows per lane, then 8 warps), and the tiles' sums in double. What this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is
-// nearly orthogonal to the input's variation (a difference filter on smooth inputs); then the in-place
-// strategy, which reduces the output itself, is the safe one.
+// lanes; on the tensor cores 8 per mma, 32 rows per lane, then 8 warps), and the tiles' sums in double. What
+// this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is nearly orthogonal to the input's variation (a
+// difference filter on smooth inputs); then the in-place strategy, which reduces the output itself, is the safe
+// one.
 //
 // The guard (strategy "auto"): the relative error of var_c grows as u·κ_c, κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c
 // (κ_c ≥ 1; large when w_c cancels against the input's correlations). The fold kernel already holds Σ and w_c,
@@ -513,6 +514,7 @@ struct Finalize {
     float momentum;        // < 0: None (cumulative average)
     float eps, scale;
     double u = U32;        // the sums' unit roundoff in the guard's model (U_TF32 for moments_tc_kernel's)
+    float* save = nullptr; // [2·C_out]: batch mean, 1/√(var + ε) for the backward (bn_stats.cuh), or null
 };
 
 // Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX), the running-average
@@ -602,6 +604,7 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
         f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
     if (threadIdx.x == 0) {
         f.b_fold[c] = static_cast<float>((bias - mu) * a + map.b);
+        kb::bn_save(f.save, map, c, f.C_out);  // "auto": the in-place path, if the guard picks it, writes it again
         if (f.running_mean) {
             const double m = ws[FACTOR_OFFSET];
             const double var_unbiased = var * M / (M - 1.0);
