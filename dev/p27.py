@@ -103,7 +103,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=os.environ.get("OUT"), help="write DIR/dev_p27.json")
     args = ap.parse_args()
 
-    torch.set_grad_enabled(False)  # the kernels are forward-only: their bindings refuse tensors that need grad
+    torch.set_grad_enabled(False)  # forward passes only: nothing for autograd to record
     print(kb.describe(), flush=True)
     rec = kb.records.new(CHAPTER, kernels=["conv3d_gn_mean"], solutions=[P27.name])  # live; never saved here
     kb.precision.defaults()  # PyTorch's defaults; variants named *_fp32 turn TF32 off

@@ -109,7 +109,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown variants {sorted(unknown)}: SWEEP has {', '.join(SWEEP)}")
 
-    torch.set_grad_enabled(False)  # the kernels are forward-only: their bindings refuse tensors that need grad
+    torch.set_grad_enabled(False)  # forward passes only: nothing for autograd to record
     print(kb.describe(), flush=True)
     rec = kb.records.new(CHAPTER, kernels=["conv_bn_scale"], solutions=[P73.name])  # live; never saved here
     pool = ThreadPoolExecutor(len(names) + 1)  # the builds compile while the references are computed

@@ -6,7 +6,7 @@ It has three rooms:
   variants and declares them in its record), ``precision`` (the one TF32 switch), ``profile``, ``records``,
   ``device``, ``paths``, ``plots`` and ``show`` (tables and kernel excerpts as the reader sees them);
 - ``kernelbook/models/`` — the problems and the chapters' own models: ``problems``, ``roofline``,
-  ``folding``, ``coalescing``, ``variance``, ``gn_mean``, ``tensorcore``;
+  ``folding``, ``coalescing``, ``variance``, ``gn_mean``, ``tensorcore``, ``training``, ``autograd_ops``;
 - ``kernelbook/site/`` — what the book's pages assemble: ``summary`` (builds the intro's table).
 
 Notebooks import it as ``import kernelbook as kb`` and use every module flat, whatever its room:
@@ -28,7 +28,7 @@ from .harness import (
     timing,
 )
 from .harness.device import describe, gpu
-from .models import coalescing, folding, gn_mean, problems, roofline, tensorcore, variance
+from .models import autograd_ops, coalescing, folding, gn_mean, problems, roofline, tensorcore, training, variance
 from .site import summary
 
 
@@ -59,6 +59,6 @@ def glue_md(name: str, text: str) -> None:
     _glue(name, Markdown(text), display=False)
 
 
-__all__ = ["build", "check", "coalescing", "describe", "device", "folding", "glue", "glue_all", "glue_md", "gn_mean",
-           "gpu", "measure", "paths", "plots", "precision", "problems", "profile", "records", "roofline", "show",
-           "summary", "tensorcore", "timing", "variance"]
+__all__ = ["autograd_ops", "build", "check", "coalescing", "describe", "device", "folding", "glue", "glue_all",
+           "glue_md", "gn_mean", "gpu", "measure", "paths", "plots", "precision", "problems", "profile", "records",
+           "roofline", "show", "summary", "tensorcore", "timing", "training", "variance"]

@@ -187,6 +187,18 @@ def conv_bn_scale() -> None:
     out = mod.conv_bn_scale_train(x, conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var,
                                   bn.num_batches_tracked, 1.0, bn.eps, 2.0, strategy="auto")
     check.assert_close(out, r64["bn"](r64["conv"](x.double())) * 2.0, 1e-4, what="cbs auto, ill-conditioned")
+    # A training step's backward on each strategy (saved statistics, the recomputed conv output, BatchNorm's and
+    # the convolution's backward) and the eval mode's, through the fold, on a partial tile and an odd HO.
+    torch.manual_seed(4)
+    base = kb.problems.P73(3, 5, 3, 2.0).cuda()
+    x = check.rand((2, 3, 9, 133), seed=4, device="cuda")
+    for strategy, train in (("auto", True), ("moments", True), ("inplace", True), ("auto", False)):
+        ours = kb.training.FusedP73(mod, base, 2.0, strategy=strategy).train(train)
+        ref = copy.deepcopy(base).double().train(train)
+        dy = check.rand((2, 5, 7, 131), seed=5, device="cuda", dtype=torch.float64, low=-1, high=1)
+        got, want = check.gradients(ours, x, dy), check.gradients(ref, x.double(), dy)
+        for name, g in got.items():
+            check.assert_close(g, want[name], 1e-4, what=f"cbs backward {strategy} train={train} d{name}")
 
 
 
@@ -217,6 +229,15 @@ def conv3d_gn_mean() -> None:
             out = check.poisoned([n, c_out], device="cuda")
             mod.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, g, gn.eps, out, math="3xtf32")
             check.assert_close(out, ref, 1e-5, what=f"p27_forward 3xtf32 {(n, c_in, d, h, w, c_out, g)}")
+    # The backward (recomputed through PyTorch's ops on the saved input), on the first case.
+    torch.manual_seed(1)
+    m = kb.problems.P27(3, 16, 4).cuda()
+    x = check.rand((2, 3, 6, 9, 12), seed=6, device="cuda")
+    dy = check.rand((2, 16), seed=7, device="cuda", dtype=torch.float64, low=-1, high=1)
+    got = check.gradients(kb.training.FusedP27(mod, m), x, dy)
+    want = check.gradients(m.double(), x.double(), dy)
+    for name, g in got.items():
+        check.assert_close(g, want[name], 1e-4, what=f"p27 backward d{name}")
 
 
 
@@ -240,7 +261,7 @@ WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folde
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)
-    torch.set_grad_enabled(False)  # the kernels are forward-only: they refuse tensors autograd tracks
+    torch.set_grad_enabled(False)  # forward passes, except where a workload turns autograd on for a backward
     for name in names:
         WORKLOADS[name]()
         torch.cuda.synchronize()

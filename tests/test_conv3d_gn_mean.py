@@ -34,8 +34,8 @@ def ext():
 
 @pytest.fixture(autouse=True)
 def _no_grad():
-    """The kernels are forward-only: every test calls them with grad mode off, as the chapter does
-    (test_refuses_tensors_that_require_grad turns it back on)."""
+    """The forward's tests run with grad mode off, as the chapter does (test_grad_mode_returns_a_tracked_output
+    turns it back on; tests/test_backward.py runs the backward)."""
     with torch.no_grad():
         yield
 
@@ -346,10 +346,14 @@ def test_bad_input_without_a_gpu(ext):
 
 
 @pytest.mark.gpu
-def test_refuses_tensors_that_require_grad(ext):
+def test_grad_mode_returns_a_tracked_output(ext):
+    """With grad mode on and parameters that require grad, the fused op joins the graph (tests/test_backward.py
+    checks its gradients); under no_grad it is called directly."""
     m, x = _model(), torch.rand(2, 3, 6, 7, 8, device="cuda")
-    with torch.enable_grad(), pytest.raises(RuntimeError, match="conv_weight requires grad.*forward-only"):
-        _run(ext, m, x)
+    with torch.enable_grad():
+        y = _run(ext, m, x)
+    assert y.grad_fn is not None
+    assert _run(ext, m, x).grad_fn is None
 
 
 @pytest.mark.compile

@@ -27,8 +27,7 @@ SCALE = 2.0
 
 @pytest.fixture(autouse=True)
 def _forward_only():
-    """The kernels are forward-only: the bindings refuse tensors that autograd tracks, so every call here
-    runs under no_grad (test_backward_is_refused_by_name checks the refusal itself)."""
+    """The forward's tests run under no_grad, as the chapter does; tests/test_backward.py runs the backward."""
     with torch.no_grad():
         yield
 
@@ -256,16 +255,22 @@ def test_moments_on_tensor_cores_no_worse_than_eager_on_shifted_input(cbs, shift
 
 
 @pytest.mark.gpu
-def test_backward_is_refused_by_name(cbs):
-    """Forward-only: with grad mode on, a tensor that needs grad is refused, naming the op (never a tensor
-    silently detached from the graph)."""
-    _, ours = _modules(3, 5, 0.1, seed=2)
-    x = torch.rand(2, 3, 6, 7, device="cuda")
-    with torch.enable_grad():
-        with pytest.raises(RuntimeError, match="conv_bn_scale_train: weight requires grad"):
-            run_train(cbs, ours, x, 0.1)
-        with pytest.raises(RuntimeError, match="conv_bn_scale_eval: weight requires grad"):
-            cbs.conv_bn_scale_eval(x, ours["conv"].weight, None)
+def test_saved_statistics_are_the_batch_mean_and_inverse_std(cbs):
+    """saved_stats (what the backward uses): each channel's batch mean and 1/√(var + ε), on every strategy."""
+    ref, ours = _modules(8, 16, 0.1, seed=2)
+    x = torch.rand(3, 8, 20, 37, device="cuda")
+    z = ref["conv"](x.double())
+    mean, var = z.mean(dim=(0, 2, 3)), z.var(dim=(0, 2, 3), unbiased=False)
+    for strategy in ("auto", "moments", "inplace"):
+        stats = torch.full((2, 16), float("nan"), device="cuda")
+        c, b = ours["conv"], ours["bn"]
+        cbs.conv_bn_scale_train(x, c.weight, c.bias, b.weight, b.bias, None, None, None, 0.1, b.eps, SCALE,
+                                strategy=strategy, saved_stats=stats)
+        check.assert_close(stats[0], mean, 1e-5, what=f"{strategy}: saved mean")
+        check.assert_close(stats[1], torch.rsqrt(var + b.eps), 1e-5, what=f"{strategy}: saved invstd")
+    with pytest.raises(RuntimeError, match=r"saved_stats must have shape \[2, 16\]"):
+        cbs.conv_bn_scale_train(x, c.weight, c.bias, None, None, None, None, None, 0.1, 1e-5, SCALE,
+                                saved_stats=torch.empty(16, device="cuda"))
 
 
 @pytest.mark.compile

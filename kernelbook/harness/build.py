@@ -114,11 +114,35 @@ def plan(name: str, arch: str | None = None, defines: Mapping[str, int | str] | 
     }
 
 
-_loaded: dict[str, ModuleType] = {}
+class Extension:
+    """A compiled kernel's module as the book calls it: each op runs in any grad mode, with its autograd
+    (``autograd_ops.wrap``: the capstones' fused ops differentiable, every other op's output refusing a
+    backward by name); ``raw`` is the module load_inline built, whose functions compute values only."""
+
+    def __init__(self, raw: ModuleType):
+        self.raw = raw
+
+    def __getattr__(self, op: str):
+        attr = getattr(self.raw, op)
+        if callable(attr):
+            from ..models import autograd_ops
+
+            attr = autograd_ops.wrap(op, self.raw)
+        self.__dict__[op] = attr  # found once
+        return attr
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(dir(self.raw)) | {"raw"})
+
+    def __repr__(self) -> str:
+        return f"<kernelbook extension {self.raw.__name__}>"
+
+
+_loaded: dict[str, Extension] = {}
 
 
 def load(name: str, arch: str | None = None, verbose: bool = False,
-         defines: Mapping[str, int | str] | None = None) -> ModuleType:
+         defines: Mapping[str, int | str] | None = None) -> Extension:
     """Compile (or reuse) kernel ``name`` for ``arch`` (default: the live GPU) and import it.
 
     ``defines`` become ``-DNAME=value`` for nvcc: compile-time parameters a chapter explores (tile sizes).
@@ -143,8 +167,8 @@ def load(name: str, arch: str | None = None, verbose: bool = False,
         no_implicit_headers=True,  # the .cu is torch-free; the .cpp includes what it needs
         verbose=verbose,
     )
-    _loaded[p["module"]] = mod
-    return mod
+    _loaded[p["module"]] = Extension(mod)
+    return _loaded[p["module"]]
 
 
 def show_source(name: str, which: Sequence[str] = ("cu", "cpp")):

@@ -95,6 +95,43 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "
     return r
 
 
+def gradients(module: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The gradients of ⟨dy, module(x)⟩ with respect to x and every parameter of ``module`` (by name), with
+    grad mode on for the call: what a training step's backward hands the optimiser."""
+    x = x.detach().requires_grad_()
+    names, leaves = ["x"], [x]
+    for name, p in module.named_parameters():
+        names.append(name)
+        leaves.append(p)
+    with torch.enable_grad():
+        y = module(x)
+        grads = torch.autograd.grad(y, leaves, dy.to(y.dtype))
+    return dict(zip(names, grads, strict=True))
+
+
+def backward_reports(ours: torch.nn.Module, eager: torch.nn.Module, ref64: torch.nn.Module, x: torch.Tensor,
+                     seed: int = 0, what: str = "backward") -> dict[str, dict]:
+    """Every gradient of ``ours`` against float64 (``ref64``: the same parameters in double), held to the book's
+    rule for float32 accuracy: at most 2× the error of ``eager`` — the same module in float32 by PyTorch, TF32
+    off — on the same input and output gradient (a seeded uniform dy in [-1, 1)). One asserted report per
+    gradient (``"<what> d<name>"``), with eager's error beside ours."""
+    from . import precision
+
+    with torch.no_grad():
+        shape = ref64(x.double()).shape
+    dy = rand(shape, seed=seed, device=x.device, dtype=torch.float64, low=-1.0, high=1.0)
+    ref = gradients(ref64, x.double(), dy)
+    with precision.tf32(False, False):
+        theirs = gradients(eager, x, dy)
+    mine = gradients(ours, x, dy)
+    out = {}
+    for name, r in ref.items():
+        e = report(theirs[name], r, float("inf"))["rel_err"]
+        rep = assert_close(mine[name], r, max(2.0 * e, FP32_UNIT_ROUNDOFF), what=f"{what} d{name}")
+        out[f"{what} d{name}"] = {**rep, "eager_rel_err": e}
+    return out
+
+
 def error_message(fn: Callable[[], object]) -> str:
     """The first line of the RuntimeError ``fn()`` raises, or "accepted" when it raises nothing."""
     try:
@@ -102,6 +139,21 @@ def error_message(fn: Callable[[], object]) -> str:
     except RuntimeError as e:
         return str(e).splitlines()[0]
     return "accepted"
+
+
+def run_backward(fn: Callable[[], torch.Tensor]) -> None:
+    """Call ``fn()`` with grad mode on and backpropagate from the sum of its (first) output: for showing
+    what an op says when autograd reaches it (``error_message(lambda: run_backward(...))``)."""
+    with torch.enable_grad():
+        out = fn()
+        (out[0] if isinstance(out, tuple | list) else out).sum().backward()
+
+
+def run_double_backward(fn: Callable[[], torch.Tensor], x: torch.Tensor) -> None:
+    """A second derivative through ``fn()``: the gradient of its squared sum with respect to ``x`` (which
+    requires grad), asked for with ``create_graph=True``."""
+    with torch.enable_grad():
+        torch.autograd.grad(fn().square().sum(), x, create_graph=True)
 
 
 def sweep(run: Callable[[object], tuple[torch.Tensor, torch.Tensor]], cases: Iterable, tol: float,

@@ -103,7 +103,7 @@ def checks(ext) -> dict[str, dict]:
 def bad_inputs(ext) -> dict[str, str]:
     """What the fused kernel says to inputs it does not support (``kb.check.error_message``; "accepted"
     if it took one): the chapter's table of refusals."""
-    from ..harness.check import error_message
+    from ..harness.check import error_message, run_double_backward
 
     x, m = torch.rand(2, 3, 6, 7, 8, device="cuda"), model(seed=0)
     w, b = m.conv.weight.detach(), m.conv.bias.detach()
@@ -113,16 +113,19 @@ def bad_inputs(ext) -> dict[str, str]:
              "input planes too large for shared memory": ((torch.ones(1, 3, 5, 400, 400, device="cuda"), w, b,
                                                            *gn), {}),
              "non-contiguous input": ((x.transpose(3, 4), w, b, *gn), {}),
-             "a weight that requires grad": ((x, m.conv.weight, b, *gn), {}),
              "tensor cores, 24 output channels": ((x, torch.ones(24, 3, 4, 4, 4, device="cuda"), None, *gn),
                                                   {"math": "3xtf32"}),
              "an unknown math": ((x, w, b, *gn), {"math": "tf32"})}
-    return {k: error_message(lambda a=a, kw=kw: ext.p27_forward(*a, **kw)) for k, (a, kw) in calls.items()}
+    out = {k: error_message(lambda a=a, kw=kw: ext.p27_forward(*a, **kw)) for k, (a, kw) in calls.items()}
+    wg = w.clone().requires_grad_()
+    out["a second derivative (create_graph=True)"] = error_message(
+        lambda: run_double_backward(lambda: ext.p27_forward(x, wg, b, *gn), wg))
+    return out
 
 
 def fused(ext, m: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = None,
           smem_limit: int = 0, math: str = "fp32") -> torch.Tensor:
-    """P27 by the fused kernel (call under ``torch.no_grad()``: the kernel is forward-only); ``math``:
+    """P27 by the fused kernel (differentiable with grad mode on: kernelbook/models/autograd_ops.py); ``math``:
     ``"fp32"`` (FFMA) or ``"3xtf32"`` (tensor cores)."""
     gn = m.group_norm
     return ext.p27_forward(x, m.conv.weight, m.conv.bias, gn.weight, gn.bias, gn.num_groups, gn.eps,
@@ -187,7 +190,7 @@ def ncu_target(chapter: str, paths: Mapping[str, str] | None = None) -> str:
     return f"""
 import torch, kernelbook as kb
 from kernelbook import gn_mean
-torch.set_grad_enabled(False)  # the kernels are forward-only
+torch.set_grad_enabled(False)  # forward passes only: nothing for autograd to record
 p27 = kb.problems.P27_CONV3D_GN_MEAN
 ext, m = kb.build.load("conv3d_gn_mean"), p27.model(seed=0).cuda()
 x = p27.inputs(seed=0, device="cuda")

@@ -103,3 +103,48 @@ def kernelbench_check(problem: Problem, make_new, device: str = "cuda", batch: i
                          "allclose": a.shape == b.shape and bool(torch.allclose(b, a, atol=tol, rtol=tol)),
                          "max abs diff": float((a - b).abs().max()) if a.shape == b.shape else float("inf")})
     return rows, ref, new
+
+
+def kernelbench_timing(problem: Problem, make_new, device: str = "cuda", batch: int | None = None,
+                       warmup: int = 3, trials: int = 100, tol: float = 1e-2) -> dict:
+    """The benchmark's timing step, as its evaluation source runs it: reference and candidate built after the
+    same seed and moved with ``.to(device=device, dtype=torch.float32)``, one seeded ``torch.rand`` input,
+    autograd **on** with every parameter requiring grad, ``model(x)`` called ``warmup`` times and then
+    ``trials`` times, each after an L2 flush and between its own pair of CUDA events; the mean in ms.
+
+    Returns both means, whether the last outputs agree (``torch.allclose(atol=rtol=tol)``), and whether ours
+    carried a ``grad_fn`` (a drop-in module joins the autograd graph as the reference does).
+    """
+    from ..harness import precision
+
+    precision.defaults()
+    torch.manual_seed(42)
+    ref = problem.module(*problem.init_args).to(device=device, dtype=torch.float32)
+    torch.manual_seed(42)
+    new = make_new().to(device=device, dtype=torch.float32)
+    shape = (batch or problem.input_shape[0], *problem.input_shape[1:])
+    torch.manual_seed(0)
+    x = torch.rand(shape, device=device)
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device)  # larger than any L2 today
+    out, last = {}, {}
+    with torch.enable_grad():
+        assert all(p.requires_grad for m in (ref, new) for p in m.parameters())
+        for name, m in (("reference", ref), ("ModelNew", new)):
+            for _ in range(warmup):
+                m(x)
+            times = []
+            for _ in range(trials):
+                flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                y = m(x)
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            out[f"{name}_ms"] = sum(times) / len(times)
+            last[name] = y
+    a, b = last["reference"], last["ModelNew"]
+    out["allclose"] = a.shape == b.shape and bool(torch.allclose(b, a, atol=tol, rtol=tol))
+    out["max_abs_diff"] = float((a - b).abs().max()) if a.shape == b.shape else float("inf")
+    out["grad_fn"] = b.grad_fn is not None
+    return out
