@@ -6,7 +6,6 @@
 //   running    nn.BatchNorm2d's update of the running statistics, with momentum m or, for momentum None,
 //              the cumulative average m = 1/(num_batches_tracked + 1):
 //                  running ← (1 − m)·running + m·batch   (the mean; the *unbiased* variance)
-//   save       what BatchNorm's backward needs, as cuDNN saves it: the batch mean and 1/√(var + ε) per channel
 //   apply      the map per element: a subtraction and an FMA, fmaf(x − m, a, b) (subtracting first keeps the
 //              error relative to y, not to x, even when the mean dwarfs the spread), and the grid of the apply
 //              kernels: one block per (plane, tile of kBnThreads·kBnUnroll work items).
@@ -24,9 +23,9 @@ namespace kb {
 
 // ---- finalize -------------------------------------------------------------------------------------------
 
-// y = (x − m)·a + b for one channel, and the inverse standard deviation it was made from.
+// y = (x − m)·a + b for one channel.
 struct BnMap {
-    double m, a, b, invstd;
+    double m, a, b;
 };
 
 // The map of channel c from its batch mean and biased variance (gamma, beta: null for γ = 1, β = 0).
@@ -35,14 +34,7 @@ __host__ __device__ __forceinline__ BnMap bn_map(double mean, double var, float 
     const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
     const double g = gamma ? static_cast<double>(gamma[c]) : 1.0;
     const double be = beta ? static_cast<double>(beta[c]) : 0.0;
-    return BnMap{mean, g * invstd * scale, be * scale, invstd};
-}
-
-// The saved statistics of channel c ([2·C]: all means, then all 1/√(var + ε)); save may be null.
-__host__ __device__ __forceinline__ void bn_save(float* save, const BnMap& map, int64_t c, int64_t C) {
-    if (save == nullptr) return;
-    save[c] = static_cast<float>(map.m);
-    save[C + c] = static_cast<float>(map.invstd);
+    return BnMap{mean, g * invstd * scale, be * scale};
 }
 
 // ---- running statistics ---------------------------------------------------------------------------------
@@ -60,18 +52,17 @@ __host__ __device__ __forceinline__ float bn_running(double m, float running, do
 }
 
 // Training-mode finalize of channel c from its merged Welford state (in double): the map into mab ([3·C]: all
-// m, then all a, then all b), the saved statistics into save (or null), and, when running_mean is given, the
-// running statistics updated in place. Returns the biased batch variance.
+// m, then all a, then all b) and, when running_mean is given, the running statistics updated in place.
+// Returns the biased batch variance.
 __device__ __forceinline__ double bn_finish_channel(const Welford<double>& tot, int64_t c, int64_t C, float* mab,
                                                     const float* gamma, const float* beta, float* running_mean,
                                                     float* running_var, const int64_t* num_batches_tracked,
-                                                    float momentum, float eps, float scale, float* save = nullptr) {
+                                                    float momentum, float eps, float scale) {
     const double var = tot.m2 / tot.n;  // biased: normalises this batch
     const BnMap map = bn_map(tot.mean, var, eps, gamma, beta, c, scale);
     mab[c] = static_cast<float>(map.m);
     mab[C + c] = static_cast<float>(map.a);
     mab[2 * C + c] = static_cast<float>(map.b);
-    bn_save(save, map, c, C);
     if (running_mean) {
         const double m = bn_running_weight(momentum, num_batches_tracked);
         const double var_unbiased = tot.m2 / (tot.n - 1.0);  // updates the running estimate

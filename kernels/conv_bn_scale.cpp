@@ -1,10 +1,9 @@
 // conv_bn_scale.cpp — the torch binding of conv_bn_scale.cu: P73 (Conv2d 3×3 → BatchNorm2d → ·s) fused.
 //
 // conv_bn_scale_train follows nn.BatchNorm2d in training mode: it normalises with the batch statistics and
-// updates running_mean / running_var / num_batches_tracked in place (momentum None: cumulative average); given
-// saved_stats [2, C_out], it also writes each channel's batch mean and 1/√(var + ε) there, which BatchNorm's
-// backward needs (kernelbook/models/autograd_ops.py). These functions compute forward values only, in any grad
-// mode: the differentiable ops, with their backward, wrap them in Python.
+// updates running_mean / running_var / num_batches_tracked in place (momentum None: cumulative average). These
+// functions compute forward values only, in any grad mode: the differentiable ops, with their backward, wrap
+// them in Python (kernelbook/models/autograd_ops.py).
 // strategy "moments" takes the statistics from the input's moments and writes the output once (C_in ≤ 8);
 // "inplace" writes the conv output with its statistics, then normalises it in place; "auto" (C_in ≤ 8) computes
 // the moments and their condition number κ per channel, and the GPU takes the in-place path for this call
@@ -133,7 +132,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                                   const std::optional<torch::Tensor>& num_batches_tracked,
                                   std::optional<double> momentum, double eps, double scale,
                                   const std::optional<torch::Tensor>& out, const std::string& strategy,
-                                  const std::string& math, const std::optional<torch::Tensor>& saved_stats) {
+                                  const std::string& math) {
     constexpr const char* op = "conv_bn_scale_train";
     KB_CHECK(strategy == "auto" || strategy == "moments" || strategy == "inplace", op,
              ": strategy must be 'auto', 'moments' or 'inplace', got '", strategy, "'");
@@ -146,13 +145,6 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     check_channel_vector(op, running_mean, x, y, "running_mean");
     check_channel_vector(op, running_var, x, y, "running_var");
     const bool tracking = kb::check_bn_training(running_mean, running_var, num_batches_tracked, momentum, eps, x, op);
-    if (saved_stats) {
-        kb::check_tensor(*saved_stats, op, "saved_stats");
-        kb::check_same_device(x, *saved_stats, op, "x", "saved_stats");
-        kb::check_shape(*saved_stats, {2, y.size(1)}, op, "saved_stats");
-        kb::check_no_overlap(*saved_stats, y, op, "saved_stats", "out");
-    }
-    float* save = saved_stats ? saved_stats->data_ptr<float>() : nullptr;
     const int64_t N = y.size(0), C = y.size(1), HW = y.size(2) * y.size(3);
     KB_CHECK(HW <= cbs_max_plane(), op, ": output planes of more than ", cbs_max_plane(),
              " values (H*W) are not supported, got ", HW);
@@ -190,7 +182,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                 w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), staged.data_ptr<float>(),
                 mab.data_ptr<float>(), partial.data_ptr(), slots, N, c_in, static_cast<int>(x.size(2)),
                 static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                static_cast<float>(eps), static_cast<float>(scale), save, m, m_inplace, stream),
+                static_cast<float>(eps), static_cast<float>(scale), m, m_inplace, stream),
             op);
         return y;
     }
@@ -206,7 +198,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                 tracking ? num_batches_tracked->data_ptr<int64_t>() : nullptr, acc.data_ptr<double>(),
                 w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), N, c_in, static_cast<int>(x.size(2)),
                 static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                static_cast<float>(eps), static_cast<float>(scale), save, m, stream),
+                static_cast<float>(eps), static_cast<float>(scale), m, stream),
             op);
         return y;
     }
@@ -225,7 +217,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                          partial.data_ptr(), slots, reinterpret_cast<unsigned*>(arrivals.data_ptr<int32_t>()), N,
                          static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
                          static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                         static_cast<float>(eps), static_cast<float>(scale), save, m_inplace, stream),
+                         static_cast<float>(eps), static_cast<float>(scale), m_inplace, stream),
         op);
     return y;
 }
@@ -285,7 +277,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "statistics; updates the running statistics in place",
           arg("x"), arg("conv_w"), arg("conv_b"), arg("bn_w"), arg("bn_b"), arg("running_mean"), arg("running_var"),
           arg("num_batches_tracked"), arg("momentum"), arg("eps"), arg("scale"), arg("out") = pybind11::none(),
-          arg("strategy") = "auto", arg("math") = "auto", arg("saved_stats") = pybind11::none());
+          arg("strategy") = "auto", arg("math") = "auto");
     m.def("conv_bn_scale_eval", &conv_bn_scale_eval,
           "conv2d(x, folded_w, folded_b), 3x3, stride 1, no padding: eval-mode P73 with BN and the scale folded in",
           arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none(), arg("math") = "auto");

@@ -104,7 +104,6 @@ struct Stats {
     float eps, scale;
     const unsigned* guard;         // "auto": run only when *guard == run_if (conv_moments.cuh); null: always run
     unsigned run_if;
-    float* save;                   // [2·C_out]: batch mean, 1/√(var + ε) for the backward (bn_stats.cuh), or null
 };
 
 struct Tile {
@@ -305,7 +304,7 @@ __device__ void finish_stats(const Stats& st, const Shape& s, int slots) {
         tot = kb::welford_warp_reduce(tot);
         if (lane != 0) continue;
         kb::bn_finish_channel(tot, c, s.C_out, st.mab, st.gamma, st.beta, st.running_mean, st.running_var,
-                              st.num_batches_tracked, st.momentum, st.eps, st.scale, st.save);  // bn_stats.cuh
+                              st.num_batches_tracked, st.momentum, st.eps, st.scale);  // bn_stats.cuh
     }
 }
 
@@ -669,13 +668,13 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
                           const float* beta, float* running_mean, float* running_var,
                           int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                           unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                          float eps, float scale, float* save, const unsigned* guard, int math, cudaStream_t stream) {
+                          float eps, float scale, const unsigned* guard, int math, cudaStream_t stream) {
     Shape s = make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(cbs_tiles(N, H, W, C_out));
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
     const Apply p{y, mab, num_batches_tracked, N, C_out, HW};  // the in-place apply's parameters
     Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
-             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u, save};
+             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
     cudaError_t err;
     if (math == kCbs3xTf32) {
         err = cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 1u, stream);
@@ -781,13 +780,12 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, float* save, int math, cudaStream_t stream) {
+                             float eps, float scale, int math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
     if (!cbs::inplace_ok(N, H, W, C_out, slots, y) || (math == kCbs3xTf32 && C_in > cbt::CI))
         return cudaErrorInvalidValue;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab, partial,
-                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, save, nullptr, math,
-                              stream);
+                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, math, stream);
 }
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles), and the
@@ -806,10 +804,10 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                      int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, float* save, int math, cudaStream_t stream) {
+                                     float scale, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          nullptr, nullptr, C_out, momentum, eps, scale, cbm::U32, save};
+                          nullptr, nullptr, C_out, momentum, eps, scale};
     const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, math, stream);
@@ -824,8 +822,8 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   const float* beta, float* running_mean, float* running_var,
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale, float* save,
-                                  int math, int inplace_math, cudaStream_t stream) {
+                                  int H, int W, int C_out, float momentum, float eps, float scale, int math,
+                                  int inplace_math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
     if (!cbs::moments_ok(N, C_in, H, W) || !cbs::inplace_ok(N, H, W, C_out, slots, y) ||
         (running_mean != nullptr && staged == nullptr))
@@ -833,7 +831,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     // excerpt: auto
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale, cbm::U32, save};
+                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
     cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     if (running_mean) {
@@ -844,7 +842,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, math, stream);  // flag 0
     if (err != cudaSuccess) return err;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
-                              partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, save, guard,
+                              partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,
                               inplace_math, stream);  // flag 1
     // end excerpt: auto
 }

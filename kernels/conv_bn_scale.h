@@ -2,9 +2,7 @@
 //
 // P73: y = BatchNorm2d(conv2d(x, w, b))·scale, 3×3 filters, stride 1, no padding, NCHW float32. x is
 // (N, C_in, H, W), w (C_out, C_in, 3, 3), b (C_out) or null; gamma, beta may be null (γ = 1, β = 0);
-// running_mean, running_var, num_batches_tracked all null when not tracked; momentum < 0: None. The training
-// launches write save [2·C_out] (when not null): each channel's batch mean, then its 1/√(var + ε) — what
-// BatchNorm's backward needs, as cuDNN saves it.
+// running_mean, running_var, num_batches_tracked all null when not tracked; momentum < 0: None.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -27,7 +25,7 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, float* save, int math, cudaStream_t stream);
+                             float eps, float scale, int math, cudaStream_t stream);
 
 // Training mode from the input's moments (C_in ≤ cbs_moments_max_channels()): statistics, running statistics and
 // the folded weights w_fold (C_out·C_in·9), b_fold (C_out), then the eval convolution on them. acc:
@@ -36,7 +34,7 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                      int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, float* save, int math, cudaStream_t stream);
+                                     float scale, int math, cudaStream_t stream);
 
 // "auto" (C_in ≤ 8): the moments with the guard, then both strategies' launches, gated on the GPU by the guard's
 // flag (no host synchronisation). Workspaces: those of both strategies, and staged [2·C_out] floats when the
@@ -45,8 +43,8 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   const float* beta, float* running_mean, float* running_var,
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale, float* save,
-                                  int math, int inplace_math, cudaStream_t stream);
+                                  int H, int W, int C_out, float momentum, float eps, float scale, int math,
+                                  int inplace_math, cudaStream_t stream);
 
 // The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
 // 32-bit word once the stream has run.

@@ -514,7 +514,6 @@ struct Finalize {
     float momentum;        // < 0: None (cumulative average)
     float eps, scale;
     double u = U32;        // the sums' unit roundoff in the guard's model (U_TF32 for moments_tc_kernel's)
-    float* save = nullptr; // [2·C_out]: batch mean, 1/√(var + ε) for the backward (bn_stats.cuh), or null
 };
 
 // Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX), the running-average
@@ -604,7 +603,6 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
         f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
     if (threadIdx.x == 0) {
         f.b_fold[c] = static_cast<float>((bias - mu) * a + map.b);
-        kb::bn_save(f.save, map, c, f.C_out);  // "auto": the in-place path, if the guard picks it, writes it again
         if (f.running_mean) {
             const double m = ws[FACTOR_OFFSET];
             const double var_unbiased = var * M / (M - 1.0);

@@ -2,10 +2,7 @@
 //
 // Each check throws a c10::Error (a Python RuntimeError) whose message names the operation, the
 // argument and what is wrong with it. Checks run in the order dtype → layout → device, so a message
-// always names the first problem, and every message can be exercised without a GPU. Grad mode is not
-// checked: a binding computes values, in any mode, and autograd sees the ops through their Python
-// wrappers (kernelbook/models/autograd_ops.py: a backward where the book derives one, elsewhere a
-// grad_fn whose backward says the op has none).
+// always names the first problem, and every message can be exercised without a GPU.
 //
 // Messages are built from strings only, by KB_CHECK. TORCH_CHECK formats any other argument (an
 // integer, a double, an IntArrayRef) through a std::ostringstream created inside the extension, and
@@ -67,6 +64,11 @@ inline void check_tensor(const torch::Tensor& t, const char* op, const char* nam
     KB_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides()),
                 " for sizes ", shape_str(t.sizes()), " (call .contiguous() first)");
     KB_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+    // The book's kernels are forward-only: an output computed from a tensor that autograd tracks would come
+    // back silently detached from the graph, and a later backward would skip this op without a word.
+    KB_CHECK(!(t.requires_grad() && at::GradMode::is_enabled()), op, ": ", name,
+             " requires grad, but this kernel is forward-only (it has no backward); call it under "
+             "torch.no_grad() or pass ", name, ".detach()");
 }
 
 inline void check_shape(const torch::Tensor& t, c10::IntArrayRef expected, const char* op, const char* name) {

@@ -59,10 +59,10 @@ recording, the op is a torch.autograd.Function that saves what its backward need
 The backward's convolutions run in cuDNN with TF32 off (float32-accurate); double backward is refused by name."""
 
 P73_BACKWARD = """\
-training mode saves the batch mean and 1/sqrt(var + eps) per channel (written by the forward's kernels), and
-its backward is BatchNorm's with the scale folded in, on the conv output recomputed by the eval kernel, then
-cuDNN's convolution backward; eval mode differentiates through the fold's own ops, so the gradient reaches
-BatchNorm's weight and bias through W' and b'. The running statistics are updated once per forward."""
+it saves the input and the parameters; its backward recomputes the conv output with the eval kernel (FFMA)
+and the batch statistics from it, then runs BatchNorm's backward with the scale folded into its weight
+(training or eval mode) and cuDNN's convolution backward. The running statistics are updated once, by the
+forward."""
 
 P27_BACKWARD = """\
 the backward recomputes the forward through PyTorch's ops (conv3d in float32, hardswish, group_norm, mean) on

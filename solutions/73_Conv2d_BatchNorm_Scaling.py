@@ -18,10 +18,10 @@ Specialised for kernel_size 3, stride 1, no padding, float32 NCHW.
 Autograd: the module runs in any grad mode, as a drop-in replacement must (KernelBench times it with autograd on
 and every parameter requiring grad). Under torch.no_grad() the kernel is called directly; with autograd
 recording, the op is a torch.autograd.Function that saves what its backward needs and nothing more:
-training mode saves the batch mean and 1/sqrt(var + eps) per channel (written by the forward's kernels), and
-its backward is BatchNorm's with the scale folded in, on the conv output recomputed by the eval kernel, then
-cuDNN's convolution backward; eval mode differentiates through the fold's own ops, so the gradient reaches
-BatchNorm's weight and bias through W' and b'. The running statistics are updated once per forward.
+it saves the input and the parameters; its backward recomputes the conv output with the eval kernel (FFMA)
+and the batch statistics from it, then runs BatchNorm's backward with the scale folded into its weight
+(training or eval mode) and cuDNN's convolution backward. The running statistics are updated once, by the
+forward.
 The backward's convolutions run in cuDNN with TF32 off (float32-accurate); double backward is refused by name.
 The statistics are summed with double atomics: results are not bitwise reproducible from run to run.
 """
@@ -78,7 +78,6 @@ CUDA_SRC = r'''
 //   running    nn.BatchNorm2d's update of the running statistics, with momentum m or, for momentum None,
 //              the cumulative average m = 1/(num_batches_tracked + 1):
 //                  running ← (1 − m)·running + m·batch   (the mean; the *unbiased* variance)
-//   save       what BatchNorm's backward needs, as cuDNN saves it: the batch mean and 1/√(var + ε) per channel
 //   apply      the map per element: a subtraction and an FMA, fmaf(x − m, a, b) (subtracting first keeps the
 //              error relative to y, not to x, even when the mean dwarfs the spread), and the grid of the apply
 //              kernels: one block per (plane, tile of kBnThreads·kBnUnroll work items).
@@ -176,9 +175,9 @@ namespace kb {
 
 // ---- finalize -------------------------------------------------------------------------------------------
 
-// y = (x − m)·a + b for one channel, and the inverse standard deviation it was made from.
+// y = (x − m)·a + b for one channel.
 struct BnMap {
-    double m, a, b, invstd;
+    double m, a, b;
 };
 
 // The map of channel c from its batch mean and biased variance (gamma, beta: null for γ = 1, β = 0).
@@ -187,14 +186,7 @@ __host__ __device__ __forceinline__ BnMap bn_map(double mean, double var, float 
     const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
     const double g = gamma ? static_cast<double>(gamma[c]) : 1.0;
     const double be = beta ? static_cast<double>(beta[c]) : 0.0;
-    return BnMap{mean, g * invstd * scale, be * scale, invstd};
-}
-
-// The saved statistics of channel c ([2·C]: all means, then all 1/√(var + ε)); save may be null.
-__host__ __device__ __forceinline__ void bn_save(float* save, const BnMap& map, int64_t c, int64_t C) {
-    if (save == nullptr) return;
-    save[c] = static_cast<float>(map.m);
-    save[C + c] = static_cast<float>(map.invstd);
+    return BnMap{mean, g * invstd * scale, be * scale};
 }
 
 // ---- running statistics ---------------------------------------------------------------------------------
@@ -212,18 +204,17 @@ __host__ __device__ __forceinline__ float bn_running(double m, float running, do
 }
 
 // Training-mode finalize of channel c from its merged Welford state (in double): the map into mab ([3·C]: all
-// m, then all a, then all b), the saved statistics into save (or null), and, when running_mean is given, the
-// running statistics updated in place. Returns the biased batch variance.
+// m, then all a, then all b) and, when running_mean is given, the running statistics updated in place.
+// Returns the biased batch variance.
 __device__ __forceinline__ double bn_finish_channel(const Welford<double>& tot, int64_t c, int64_t C, float* mab,
                                                     const float* gamma, const float* beta, float* running_mean,
                                                     float* running_var, const int64_t* num_batches_tracked,
-                                                    float momentum, float eps, float scale, float* save = nullptr) {
+                                                    float momentum, float eps, float scale) {
     const double var = tot.m2 / tot.n;  // biased: normalises this batch
     const BnMap map = bn_map(tot.mean, var, eps, gamma, beta, c, scale);
     mab[c] = static_cast<float>(map.m);
     mab[C + c] = static_cast<float>(map.a);
     mab[2 * C + c] = static_cast<float>(map.b);
-    bn_save(save, map, c, C);
     if (running_mean) {
         const double m = bn_running_weight(momentum, num_batches_tracked);
         const double var_unbiased = tot.m2 / (tot.n - 1.0);  // updates the running estimate
@@ -272,9 +263,7 @@ constexpr int64_t bn_apply_max_plane() { return int64_t{65535} * kBnThreads * kB
 //
 // P73: y = BatchNorm2d(conv2d(x, w, b))·scale, 3×3 filters, stride 1, no padding, NCHW float32. x is
 // (N, C_in, H, W), w (C_out, C_in, 3, 3), b (C_out) or null; gamma, beta may be null (γ = 1, β = 0);
-// running_mean, running_var, num_batches_tracked all null when not tracked; momentum < 0: None. The training
-// launches write save [2·C_out] (when not null): each channel's batch mean, then its 1/√(var + ε) — what
-// BatchNorm's backward needs, as cuDNN saves it.
+// running_mean, running_var, num_batches_tracked all null when not tracked; momentum < 0: None.
 
 #include <cuda_runtime.h>
 
@@ -297,7 +286,7 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, float* save, int math, cudaStream_t stream);
+                             float eps, float scale, int math, cudaStream_t stream);
 
 // Training mode from the input's moments (C_in ≤ cbs_moments_max_channels()): statistics, running statistics and
 // the folded weights w_fold (C_out·C_in·9), b_fold (C_out), then the eval convolution on them. acc:
@@ -306,7 +295,7 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                      int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, float* save, int math, cudaStream_t stream);
+                                     float scale, int math, cudaStream_t stream);
 
 // "auto" (C_in ≤ 8): the moments with the guard, then both strategies' launches, gated on the GPU by the guard's
 // flag (no host synchronisation). Workspaces: those of both strategies, and staged [2·C_out] floats when the
@@ -315,8 +304,8 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   const float* beta, float* running_mean, float* running_var,
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale, float* save,
-                                  int math, int inplace_math, cudaStream_t stream);
+                                  int H, int W, int C_out, float momentum, float eps, float scale, int math,
+                                  int inplace_math, cudaStream_t stream);
 
 // The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
 // 32-bit word once the stream has run.
@@ -920,7 +909,6 @@ struct Finalize {
     float momentum;        // < 0: None (cumulative average)
     float eps, scale;
     double u = U32;        // the sums' unit roundoff in the guard's model (U_TF32 for moments_tc_kernel's)
-    float* save = nullptr; // [2·C_out]: batch mean, 1/√(var + ε) for the backward (bn_stats.cuh), or null
 };
 
 // Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX), the running-average
@@ -1010,7 +998,6 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
         f.w_fold[static_cast<int64_t>(c) * K + v] = static_cast<float>(wc[v] * a);
     if (threadIdx.x == 0) {
         f.b_fold[c] = static_cast<float>((bias - mu) * a + map.b);
-        kb::bn_save(f.save, map, c, f.C_out);  // "auto": the in-place path, if the guard picks it, writes it again
         if (f.running_mean) {
             const double m = ws[FACTOR_OFFSET];
             const double var_unbiased = var * M / (M - 1.0);
@@ -1418,7 +1405,6 @@ struct Stats {
     float eps, scale;
     const unsigned* guard;         // "auto": run only when *guard == run_if (conv_moments.cuh); null: always run
     unsigned run_if;
-    float* save;                   // [2·C_out]: batch mean, 1/√(var + ε) for the backward (bn_stats.cuh), or null
 };
 
 struct Tile {
@@ -1619,7 +1605,7 @@ __device__ void finish_stats(const Stats& st, const Shape& s, int slots) {
         tot = kb::welford_warp_reduce(tot);
         if (lane != 0) continue;
         kb::bn_finish_channel(tot, c, s.C_out, st.mab, st.gamma, st.beta, st.running_mean, st.running_var,
-                              st.num_batches_tracked, st.momentum, st.eps, st.scale, st.save);  // bn_stats.cuh
+                              st.num_batches_tracked, st.momentum, st.eps, st.scale);  // bn_stats.cuh
     }
 }
 
@@ -1983,13 +1969,13 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
                           const float* beta, float* running_mean, float* running_var,
                           int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                           unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                          float eps, float scale, float* save, const unsigned* guard, int math, cudaStream_t stream) {
+                          float eps, float scale, const unsigned* guard, int math, cudaStream_t stream) {
     Shape s = make_shape(N, C_in, H, W, C_out, y);
     s.n_tiles = static_cast<int>(cbs_tiles(N, H, W, C_out));
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
     const Apply p{y, mab, num_batches_tracked, N, C_out, HW};  // the in-place apply's parameters
     Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
-             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u, save};
+             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
     cudaError_t err;
     if (math == kCbs3xTf32) {
         err = cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 1u, stream);
@@ -2095,13 +2081,12 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, float* save, int math, cudaStream_t stream) {
+                             float eps, float scale, int math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
     if (!cbs::inplace_ok(N, H, W, C_out, slots, y) || (math == kCbs3xTf32 && C_in > cbt::CI))
         return cudaErrorInvalidValue;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab, partial,
-                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, save, nullptr, math,
-                              stream);
+                              slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, math, stream);
 }
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles), and the
@@ -2120,10 +2105,10 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                      int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, float* save, int math, cudaStream_t stream) {
+                                     float scale, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          nullptr, nullptr, C_out, momentum, eps, scale, cbm::U32, save};
+                          nullptr, nullptr, C_out, momentum, eps, scale};
     const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, math, stream);
@@ -2138,8 +2123,8 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   const float* beta, float* running_mean, float* running_var,
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale, float* save,
-                                  int math, int inplace_math, cudaStream_t stream) {
+                                  int H, int W, int C_out, float momentum, float eps, float scale, int math,
+                                  int inplace_math, cudaStream_t stream) {
     if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
     if (!cbs::moments_ok(N, C_in, H, W) || !cbs::inplace_ok(N, H, W, C_out, slots, y) ||
         (running_mean != nullptr && staged == nullptr))
@@ -2147,7 +2132,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     // excerpt: auto
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale, cbm::U32, save};
+                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
     cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     if (running_mean) {
@@ -2158,7 +2143,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, math, stream);  // flag 0
     if (err != cudaSuccess) return err;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
-                              partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, save, guard,
+                              partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,
                               inplace_math, stream);  // flag 1
     // end excerpt: auto
 }
@@ -2180,10 +2165,9 @@ CPP_SRC = r'''
 // conv_bn_scale.cpp — the torch binding of conv_bn_scale.cu: P73 (Conv2d 3×3 → BatchNorm2d → ·s) fused.
 //
 // conv_bn_scale_train follows nn.BatchNorm2d in training mode: it normalises with the batch statistics and
-// updates running_mean / running_var / num_batches_tracked in place (momentum None: cumulative average); given
-// saved_stats [2, C_out], it also writes each channel's batch mean and 1/√(var + ε) there, which BatchNorm's
-// backward needs (kernelbook/models/autograd_ops.py). These functions compute forward values only, in any grad
-// mode: the differentiable ops, with their backward, wrap them in Python.
+// updates running_mean / running_var / num_batches_tracked in place (momentum None: cumulative average). These
+// functions compute forward values only, in any grad mode: the differentiable ops, with their backward, wrap
+// them in Python (kernelbook/models/autograd_ops.py).
 // strategy "moments" takes the statistics from the input's moments and writes the output once (C_in ≤ 8);
 // "inplace" writes the conv output with its statistics, then normalises it in place; "auto" (C_in ≤ 8) computes
 // the moments and their condition number κ per channel, and the GPU takes the in-place path for this call
@@ -2209,9 +2193,7 @@ CPP_SRC = r'''
 //
 // P73: y = BatchNorm2d(conv2d(x, w, b))·scale, 3×3 filters, stride 1, no padding, NCHW float32. x is
 // (N, C_in, H, W), w (C_out, C_in, 3, 3), b (C_out) or null; gamma, beta may be null (γ = 1, β = 0);
-// running_mean, running_var, num_batches_tracked all null when not tracked; momentum < 0: None. The training
-// launches write save [2·C_out] (when not null): each channel's batch mean, then its 1/√(var + ε) — what
-// BatchNorm's backward needs, as cuDNN saves it.
+// running_mean, running_var, num_batches_tracked all null when not tracked; momentum < 0: None.
 
 #include <cuda_runtime.h>
 
@@ -2234,7 +2216,7 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
                              unsigned* arrivals, int64_t N, int C_in, int H, int W, int C_out, float momentum,
-                             float eps, float scale, float* save, int math, cudaStream_t stream);
+                             float eps, float scale, int math, cudaStream_t stream);
 
 // Training mode from the input's moments (C_in ≤ cbs_moments_max_channels()): statistics, running statistics and
 // the folded weights w_fold (C_out·C_in·9), b_fold (C_out), then the eval convolution on them. acc:
@@ -2243,7 +2225,7 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      const float* beta, float* running_mean, float* running_var,
                                      int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                      int64_t N, int C_in, int H, int W, int C_out, float momentum, float eps,
-                                     float scale, float* save, int math, cudaStream_t stream);
+                                     float scale, int math, cudaStream_t stream);
 
 // "auto" (C_in ≤ 8): the moments with the guard, then both strategies' launches, gated on the GPU by the guard's
 // flag (no host synchronisation). Workspaces: those of both strategies, and staged [2·C_out] floats when the
@@ -2252,8 +2234,8 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   const float* beta, float* running_mean, float* running_var,
                                   int64_t* num_batches_tracked, double* acc, float* w_fold, float* b_fold,
                                   float* staged, float* mab, void* partial, int64_t slots, int64_t N, int C_in,
-                                  int H, int W, int C_out, float momentum, float eps, float scale, float* save,
-                                  int math, int inplace_math, cudaStream_t stream);
+                                  int H, int W, int C_out, float momentum, float eps, float scale, int math,
+                                  int inplace_math, cudaStream_t stream);
 
 // The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
 // 32-bit word once the stream has run.
@@ -2285,10 +2267,7 @@ double cbs_guard_kappa_max(int math);
 //
 // Each check throws a c10::Error (a Python RuntimeError) whose message names the operation, the
 // argument and what is wrong with it. Checks run in the order dtype → layout → device, so a message
-// always names the first problem, and every message can be exercised without a GPU. Grad mode is not
-// checked: a binding computes values, in any mode, and autograd sees the ops through their Python
-// wrappers (kernelbook/models/autograd_ops.py: a backward where the book derives one, elsewhere a
-// grad_fn whose backward says the op has none).
+// always names the first problem, and every message can be exercised without a GPU.
 //
 // Messages are built from strings only, by KB_CHECK. TORCH_CHECK formats any other argument (an
 // integer, a double, an IntArrayRef) through a std::ostringstream created inside the extension, and
@@ -2349,6 +2328,11 @@ inline void check_tensor(const torch::Tensor& t, const char* op, const char* nam
     KB_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides()),
                 " for sizes ", shape_str(t.sizes()), " (call .contiguous() first)");
     KB_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+    // The book's kernels are forward-only: an output computed from a tensor that autograd tracks would come
+    // back silently detached from the graph, and a later backward would skip this op without a word.
+    KB_CHECK(!(t.requires_grad() && at::GradMode::is_enabled()), op, ": ", name,
+             " requires grad, but this kernel is forward-only (it has no backward); call it under "
+             "torch.no_grad() or pass ", name, ".detach()");
 }
 
 inline void check_shape(const torch::Tensor& t, c10::IntArrayRef expected, const char* op, const char* name) {
@@ -2543,7 +2527,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                                   const std::optional<torch::Tensor>& num_batches_tracked,
                                   std::optional<double> momentum, double eps, double scale,
                                   const std::optional<torch::Tensor>& out, const std::string& strategy,
-                                  const std::string& math, const std::optional<torch::Tensor>& saved_stats) {
+                                  const std::string& math) {
     constexpr const char* op = "conv_bn_scale_train";
     KB_CHECK(strategy == "auto" || strategy == "moments" || strategy == "inplace", op,
              ": strategy must be 'auto', 'moments' or 'inplace', got '", strategy, "'");
@@ -2556,13 +2540,6 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     check_channel_vector(op, running_mean, x, y, "running_mean");
     check_channel_vector(op, running_var, x, y, "running_var");
     const bool tracking = kb::check_bn_training(running_mean, running_var, num_batches_tracked, momentum, eps, x, op);
-    if (saved_stats) {
-        kb::check_tensor(*saved_stats, op, "saved_stats");
-        kb::check_same_device(x, *saved_stats, op, "x", "saved_stats");
-        kb::check_shape(*saved_stats, {2, y.size(1)}, op, "saved_stats");
-        kb::check_no_overlap(*saved_stats, y, op, "saved_stats", "out");
-    }
-    float* save = saved_stats ? saved_stats->data_ptr<float>() : nullptr;
     const int64_t N = y.size(0), C = y.size(1), HW = y.size(2) * y.size(3);
     KB_CHECK(HW <= cbs_max_plane(), op, ": output planes of more than ", cbs_max_plane(),
              " values (H*W) are not supported, got ", HW);
@@ -2600,7 +2577,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                 w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), staged.data_ptr<float>(),
                 mab.data_ptr<float>(), partial.data_ptr(), slots, N, c_in, static_cast<int>(x.size(2)),
                 static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                static_cast<float>(eps), static_cast<float>(scale), save, m, m_inplace, stream),
+                static_cast<float>(eps), static_cast<float>(scale), m, m_inplace, stream),
             op);
         return y;
     }
@@ -2616,7 +2593,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                 tracking ? num_batches_tracked->data_ptr<int64_t>() : nullptr, acc.data_ptr<double>(),
                 w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), N, c_in, static_cast<int>(x.size(2)),
                 static_cast<int>(x.size(3)), static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                static_cast<float>(eps), static_cast<float>(scale), save, m, stream),
+                static_cast<float>(eps), static_cast<float>(scale), m, stream),
             op);
         return y;
     }
@@ -2635,7 +2612,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
                          partial.data_ptr(), slots, reinterpret_cast<unsigned*>(arrivals.data_ptr<int32_t>()), N,
                          static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
                          static_cast<int>(C), momentum ? static_cast<float>(*momentum) : -1.f,
-                         static_cast<float>(eps), static_cast<float>(scale), save, m_inplace, stream),
+                         static_cast<float>(eps), static_cast<float>(scale), m_inplace, stream),
         op);
     return y;
 }
@@ -2695,7 +2672,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "statistics; updates the running statistics in place",
           arg("x"), arg("conv_w"), arg("conv_b"), arg("bn_w"), arg("bn_b"), arg("running_mean"), arg("running_var"),
           arg("num_batches_tracked"), arg("momentum"), arg("eps"), arg("scale"), arg("out") = pybind11::none(),
-          arg("strategy") = "auto", arg("math") = "auto", arg("saved_stats") = pybind11::none());
+          arg("strategy") = "auto", arg("math") = "auto");
     m.def("conv_bn_scale_eval", &conv_bn_scale_eval,
           "conv2d(x, folded_w, folded_b), 3x3, stride 1, no padding: eval-mode P73 with BN and the scale folded in",
           arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none(), arg("math") = "auto");
@@ -2760,59 +2737,82 @@ def _first_derivatives_only(op: str) -> None:
                            "call backward or torch.autograd.grad without create_graph=True")
 
 
-def _conv_backward(dz, x, w, has_bias: bool, need: tuple, padding: int = 0):
-    """(dx, dw, db) of a stride-1 convolution without dilation or groups, by cuDNN in float32."""
+def _conv_backward(dz, x, w, has_bias: bool, need: tuple):
+    """(dx, dw, db) of a stride-1 convolution without padding, dilation or groups, by cuDNN in float32."""
     dims = x.dim() - 2
     with _fp32_convolutions():
         return torch.ops.aten.convolution_backward(
-            dz, x, w, [w.shape[0]] if has_bias else None, [1] * dims, [padding] * dims, [1] * dims, False,
+            dz, x, w, [w.shape[0]] if has_bias else None, [1] * dims, [0] * dims, [1] * dims, False,
             [0] * dims, 1, [need[0], need[1], need[2] and has_bias])
 
 
-# ------------------------------------------------------------------------------------- P73, training mode
+# ----------------------------------------------------------------------------------------------------- P73
 
-class _ConvBnScaleTrain(torch.autograd.Function):
-    """y = s·BN_train(conv(x, W) + b), with the batch statistics; the running statistics are updated once,
-    by the forward.
+def _recompute_z(ext, x, w, b):
+    """The convolution's output z = conv(x, W) + b, which the fused forward never wrote, again: by FFMA, whose
+    round-to-nearest errors average out over a channel's sums (the tensor cores' truncation would bias them)."""
+    return ext.conv_bn_scale_eval(x, w, b, None, "fp32")
 
-    Backward, with x̂ = (z − μ)·invstd the normalised conv output z and g = s·dy (the gradient at BN's
-    output): dβ = s·Σ dy, dγ = s·Σ dy·x̂, and dz = γ·s·invstd·(dy − mean(dy) − x̂·mean(dy·x̂)) — BatchNorm's
-    backward with γ·s as its weight, from the mean and invstd the forward saved (as cuDNN's BatchNorm
-    does). z itself is never stored: the backward recomputes it with the eval kernel (one convolution),
-    then takes dx, dW, db from dz by cuDNN's convolution backward.
+
+class _ConvBnScale(torch.autograd.Function):
+    """y = s·BN(conv(x, W) + b): training mode with the batch statistics (the running statistics updated once,
+    by the forward), or eval mode with the running statistics folded into the weights.
+
+    Backward, with z the conv output, x̂ its normalised value and δ = ∂L/∂y: ∂L/∂β = s·Σδ, ∂L/∂γ = s·Σδ·x̂ and
+    ∂L/∂z = γ·s·r·(δ − mean(δ) − x̂·mean(δ·x̂)) in training mode (r = 1/√(var + ε) of the batch; BatchNorm's own
+    backward with γ·s as its weight), γ·s·r·δ in eval mode (r of the running variance); then the convolution's
+    backward takes ∂L/∂z to x and W (cuDNN, TF32 off). z is recomputed (one convolution), and so are the batch
+    statistics, from it (one pass): the moments' statistics the forward used are accurate to its output, but a
+    backward built on statistics that differ from its z by their rounding errs more than eager's (measured). In
+    training mode ∂L/∂b is exactly 0 (the batch mean removes any bias) and Σ ∂L/∂z = 0, so ∂L/∂W is taken
+    against x with each channel's mean removed: the rounding left in Σ ∂L/∂z then does not meet the input's mean.
     """
 
     @staticmethod
     def forward(ctx, ext, x, conv_w, conv_b, bn_w, bn_b, running_mean, running_var, num_batches_tracked,
-                momentum, eps, scale, out, strategy, math, saved_stats):
-        stats = saved_stats if saved_stats is not None else x.new_empty(2, conv_w.shape[0])
-        y = ext.conv_bn_scale_train(x, conv_w, conv_b, bn_w, bn_b, running_mean, running_var, num_batches_tracked,
-                                    momentum, eps, scale, out, strategy, math, stats)
+                momentum, eps, scale, out, strategy, math, training):
+        if training:
+            y = ext.conv_bn_scale_train(x, conv_w, conv_b, bn_w, bn_b, running_mean, running_var,
+                                        num_batches_tracked, momentum, eps, scale, out, strategy, math)
+            ctx.save_for_backward(x, conv_w, conv_b, bn_w)
+        else:
+            w, b = fold_bn_scale(conv_w, conv_b, bn_w, bn_b, running_mean, running_var, eps, scale)
+            y = ext.conv_bn_scale_eval(x, w, b, out, math)
+            ctx.save_for_backward(x, conv_w, conv_b, bn_w, running_mean.clone(), running_var.clone())
         if out is not None:
             ctx.mark_dirty(out)
-        ctx.save_for_backward(x, conv_w, conv_b, bn_w, stats)
-        ctx.ext, ctx.eps, ctx.scale, ctx.math = ext, eps, scale, math
+        ctx.ext, ctx.eps, ctx.scale, ctx.training = ext, eps, scale, training
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        _first_derivatives_only("conv_bn_scale_train")
-        x, w, b, gamma, stats = ctx.saved_tensors
+        _first_derivatives_only("conv_bn_scale_train" if ctx.training else "conv_bn_scale (eval)")
+        x, w, b, gamma, *running = ctx.saved_tensors
         need_x, need_w, need_b, need_g, need_beta = ctx.needs_input_grad[1:6]
         grads = [None] * 16
+        c_out = w.shape[0]
         if dy.numel() == 0:  # an empty batch: no output depends on any input
-            like = (x, w, stats[0], stats[0], stats[0])  # the shapes of x, W, b, γ and β
-            need = ctx.needs_input_grad[1:6]
-            grads[1:6] = [torch.zeros_like(t) if n else None for t, n in zip(like, need, strict=True)]
+            like = (x, w, w.new_empty(c_out), w.new_empty(c_out), w.new_empty(c_out))
+            grads[1:6] = [torch.zeros_like(t) if n else None for t, n in zip(like, ctx.needs_input_grad[1:6],
+                                                                             strict=True)]
             return tuple(grads)
         s = ctx.scale
-        z = ctx.ext.conv_bn_scale_eval(x, w, b, None, ctx.math)  # the conv output, recomputed
-        gs = (gamma if gamma is not None else torch.ones_like(stats[0])) * s
+        z = _recompute_z(ctx.ext, x, w, b)
+        gs = (gamma if gamma is not None else torch.ones(c_out, device=z.device, dtype=z.dtype)) * s
+        if ctx.training:
+            var, mean = torch.var_mean(z, dim=(0, 2, 3), correction=0)
+            stats = (None, None, mean, torch.rsqrt(var + ctx.eps))
+        else:
+            stats = (*running, None, None)
         dz, dgs, dbs = torch.ops.aten.native_batch_norm_backward(
-            dy.contiguous(), z, gs, None, None, stats[0], stats[1], True, ctx.eps,
-            [need_x or need_w or need_b, need_g, need_beta])
+            dy.contiguous(), z, gs, *stats, ctx.training, ctx.eps, [need_x or need_w or need_b, need_g, need_beta])
         del z
-        if need_x or need_w or need_b:
+        if ctx.training:
+            if need_x or need_w:
+                xc = x - x.mean(dim=(0, 2, 3), keepdim=True) if need_w else x
+                grads[1], grads[2], _ = _conv_backward(dz, xc, w, False, (need_x, need_w, False))
+            grads[3] = torch.zeros_like(b) if need_b else None
+        elif need_x or need_w or need_b:
             grads[1:4] = _conv_backward(dz, x, w, b is not None, (need_x, need_w, need_b))
         grads[4] = dgs * s if need_g else None
         grads[5] = dbs * s if need_beta else None
@@ -2820,51 +2820,19 @@ class _ConvBnScaleTrain(torch.autograd.Function):
 
 
 def conv_bn_scale_train(ext, x, conv_w, conv_b, bn_w, bn_b, running_mean, running_var, num_batches_tracked,
-                        momentum, eps, scale, out=None, strategy="auto", math="auto", saved_stats=None):
+                        momentum, eps, scale, out=None, strategy="auto", math="auto"):
     """P73 in training mode (``ext.conv_bn_scale_train``), differentiable in x, the conv's weight and bias
     and BatchNorm's weight and bias."""
     if not _needs_grad(x, conv_w, conv_b, bn_w, bn_b):
         return ext.conv_bn_scale_train(x, conv_w, conv_b, bn_w, bn_b, running_mean, running_var,
-                                       num_batches_tracked, momentum, eps, scale, out, strategy, math, saved_stats)
-    return _ConvBnScaleTrain.apply(ext, x, conv_w, conv_b, bn_w, bn_b, running_mean, running_var,
-                                   num_batches_tracked, momentum, eps, scale, out, strategy, math, saved_stats)
-
-
-# ----------------------------------------------------------------------------------------- P73, eval mode
-
-class _ConvEval(torch.autograd.Function):
-    """y = conv(x, W') + b' on folded weights; backward: cuDNN's convolution backward in float32."""
-
-    @staticmethod
-    def forward(ctx, ext, x, folded_w, folded_b, out, math):
-        y = ext.conv_bn_scale_eval(x, folded_w, folded_b, out, math)
-        if out is not None:
-            ctx.mark_dirty(out)
-        ctx.save_for_backward(x, folded_w)
-        ctx.has_bias = folded_b is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        _first_derivatives_only("conv_bn_scale_eval")
-        x, w = ctx.saved_tensors
-        need = ctx.needs_input_grad[1:4]
-        dx, dw, db = _conv_backward(dy.contiguous(), x, w, ctx.has_bias, need)
-        return None, dx, dw, db, None, None
-
-
-def conv_bn_scale_eval(ext, x, folded_w, folded_b=None, out=None, math="auto"):
-    """The folded convolution (``ext.conv_bn_scale_eval``), differentiable in x and the folded weights —
-    and so, through ``fold_bn_scale``'s ops, in the conv's and BatchNorm's parameters."""
-    if not _needs_grad(x, folded_w, folded_b):
-        return ext.conv_bn_scale_eval(x, folded_w, folded_b, out, math)
-    return _ConvEval.apply(ext, x, folded_w, folded_b, out, math)
+                                       num_batches_tracked, momentum, eps, scale, out, strategy, math)
+    return _ConvBnScale.apply(ext, x, conv_w, conv_b, bn_w, bn_b, running_mean, running_var, num_batches_tracked,
+                              momentum, eps, scale, out, strategy, math, True)
 
 
 def fold_bn_scale(conv_w, conv_b, bn_w, bn_b, running_mean, running_var, eps, scale):
     """(W', b') with conv(x, W') + b' = s·BN_eval(conv(x, W) + b): W' = W·inv, b' = (b − μ)·inv + β·s,
-    inv = γ·s/√(σ² + ε). Plain torch ops, so autograd carries dW', db' back to W, b, γ and β (the running
-    statistics are buffers: no gradient)."""
+    inv = γ·s/√(σ² + ε), at the time of the call (never stale)."""
     inv = torch.rsqrt(running_var + eps) * scale
     if bn_w is not None:
         inv = inv * bn_w
@@ -2873,6 +2841,48 @@ def fold_bn_scale(conv_w, conv_b, bn_w, bn_b, running_mean, running_var, eps, sc
     if bn_b is not None:
         b = b + bn_b * scale
     return w, b
+
+
+def conv_bn_scale_folded(ext, x, conv_w, conv_b, bn_w, bn_b, running_mean, running_var, eps, scale, out=None,
+                         math="auto"):
+    """P73 in eval mode: BatchNorm's running statistics and the scale folded into the weights at this call and
+    the eval kernel run on them; differentiable in x, the conv's weight and bias and BatchNorm's weight and
+    bias (the running statistics are buffers). The backward is eval-mode BatchNorm's on the recomputed conv
+    output, not the fold's: differentiating through W' and b' adds two terms of ∂L/∂γ that cancel when the
+    running mean is far from the bias (measured: up to 5× eager's error)."""
+    if not _needs_grad(x, conv_w, conv_b, bn_w, bn_b):
+        w, b = fold_bn_scale(conv_w, conv_b, bn_w, bn_b, running_mean, running_var, eps, scale)
+        return ext.conv_bn_scale_eval(x, w, b, out, math)
+    return _ConvBnScale.apply(ext, x, conv_w, conv_b, bn_w, bn_b, running_mean, running_var, None, None, eps,
+                              scale, out, None, math, False)
+
+
+class _ConvEval(torch.autograd.Function):
+    """y = conv(x, W) + b by the eval kernel, for weights given as they are; backward: cuDNN's convolution
+    backward in float32."""
+
+    @staticmethod
+    def forward(ctx, ext, x, w, b, out, math):
+        y = ext.conv_bn_scale_eval(x, w, b, out, math)
+        if out is not None:
+            ctx.mark_dirty(out)
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        _first_derivatives_only("conv_bn_scale_eval")
+        x, w = ctx.saved_tensors
+        dx, dw, db = _conv_backward(dy.contiguous(), x, w, ctx.has_bias, ctx.needs_input_grad[1:4])
+        return None, dx, dw, db, None, None
+
+
+def conv_bn_scale_eval(ext, x, folded_w, folded_b=None, out=None, math="auto"):
+    """The convolution of the eval kernel (``ext.conv_bn_scale_eval``), differentiable in x and its weights."""
+    if not _needs_grad(x, folded_w, folded_b):
+        return ext.conv_bn_scale_eval(x, folded_w, folded_b, out, math)
+    return _ConvEval.apply(ext, x, folded_w, folded_b, out, math)
 
 
 def p73_forward(ext, conv, bn, scale, x, strategy="auto", math="auto"):
@@ -2886,8 +2896,8 @@ def p73_forward(ext, conv, bn, scale, x, strategy="auto", math="auto"):
                                    bn.running_mean if track else None, bn.running_var if track else None,
                                    bn.num_batches_tracked if track else None, bn.momentum, bn.eps, scale,
                                    strategy=strategy, math=math)
-    w, b = fold_bn_scale(conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.eps, scale)
-    return conv_bn_scale_eval(ext, x, w, b, math=math)
+    return conv_bn_scale_folded(ext, x, conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                                bn.eps, scale, math=math)
 
 
 # ------------------------------------------------------------------------------------------------- P27
@@ -2943,47 +2953,19 @@ def p27_module_forward(ext, conv, group_norm, x, math="fp32"):
                        gn.eps, math=math)
 
 
-# --------------------------------------------------------------------------------- every other op
-
-class _NoBackward(torch.autograd.Function):
-    """Runs an op without a backward so that its outputs join the graph; a backward that reaches them
-    raises, naming the op."""
-
-    @staticmethod
-    def forward(ctx, op, call, *tracked):
-        ctx.op = op
-        out = call()
-        return tuple(out) if isinstance(out, list) else out
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(f"{ctx.op}: this kernel has no backward, so no gradient can flow through it; call it "
-                           "under torch.no_grad() (or on detached tensors) where no gradient is needed")
-
-
-def no_backward(op: str, fn):
-    """``fn`` (a binding's op) as autograd should see it: called directly unless autograd records, and then
-    with outputs whose backward raises, naming ``op``."""
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if torch.is_grad_enabled():
-            tracked = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.requires_grad]
-            if tracked:
-                return _NoBackward.apply(op, lambda: fn(*args, **kwargs), *tracked)
-        return fn(*args, **kwargs)
-    return call
-
+# --------------------------------------------------------------------------------- the bindings' names
 
 _DIFFERENTIABLE = {"conv_bn_scale_train": conv_bn_scale_train, "conv_bn_scale_eval": conv_bn_scale_eval,
-                   "p27_forward": p27_forward}
+                   "p27_forward": p27_forward}  # the bindings' names; conv_bn_scale_folded is built on the second
 
 
 def wrap(op: str, ext):
-    """Binding ``op`` of the compiled module ``ext`` with its autograd: the fused op's Function where one
-    is derived here, otherwise ``no_backward``."""
+    """Binding ``op`` of the compiled module ``ext`` as the book calls it: the fused op's Function where one is
+    derived here, otherwise the binding itself (a forward-only kernel, whose binding refuses tensors that
+    autograd tracks)."""
     if op in _DIFFERENTIABLE:
         return functools.wraps(getattr(ext, op))(functools.partial(_DIFFERENTIABLE[op], ext))
-    return no_backward(op, getattr(ext, op))
+    return getattr(ext, op)
 # ---- end kernelbook/models/autograd_ops.py ----
 
 

@@ -61,7 +61,8 @@ def _check73(ext, shape, momentum=0.1, track=True, offset=0.0, train=True, seed=
     for m in (ours, eager, ref64):
         m.train(train)
     x = kb.check.rand((n, c_in, h, w), seed=seed + 1, device="cuda") + offset
-    reports = kb.check.backward_reports(ours, eager, ref64, x, seed=seed, what="P73")
+    zero = {"conv.bias"} if train else ()  # the batch mean removes any bias: its gradient is exactly 0
+    reports = kb.check.backward_reports(ours, eager, ref64, x, seed=seed, what="P73", zero=zero)
     if train and track:  # one forward per gradient evaluation: the statistics moved exactly as eager's did
         for name in ("running_mean", "running_var", "num_batches_tracked"):
             a, b = getattr(ours.bn, name), getattr(eager.bn, name)
@@ -86,7 +87,7 @@ def test_p73_training_backward_variants(cbs, case):
 
 
 @pytest.mark.parametrize("shape", [(16, 8, 128, 128, 64), (1, 8, 33, 97, 64), (2, 19, 9, 130, 5)])
-def test_p73_eval_backward_reaches_batchnorm_through_the_fold(cbs, shape):
+def test_p73_eval_backward(cbs, shape):
     reports = _check73(cbs, shape, train=False)
     assert {"P73 dbn.weight", "P73 dbn.bias", "P73 dconv.weight", "P73 dx"} <= set(reports)
 

@@ -195,6 +195,8 @@ def _cpu_stand_in(x, w, b, out=None):
     """The binding's contract on the CPU (refuses what the real one refuses first), for the plumbing."""
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise RuntimeError("float32 contiguous input expected")
+    if torch.is_grad_enabled() and w.requires_grad:
+        raise RuntimeError("forward-only")
     y = F.conv2d(x, w, b)
     return y if out is None else out.copy_(y)
 
@@ -204,8 +206,7 @@ def test_chapter_plumbing_runs_on_the_cpu(monkeypatch):
     so a typo there fails here rather than on the GPU."""
     import types
 
-    mod = kb.build.Extension(types.SimpleNamespace(conv2d_simple=_cpu_stand_in, conv2d_folded=_cpu_stand_in,
-                                                   __name__="stand_in"))
+    mod = types.SimpleNamespace(conv2d_simple=_cpu_stand_in, conv2d_folded=_cpu_stand_in)
     p73 = kb.problems.P73_CONV_BN_SCALE
     small = types.SimpleNamespace(input_shape=(2, 8, 10, 12), init_args=p73.init_args,
                                   inputs=lambda seed, device: torch.rand(2, 8, 10, 12, device=device))
@@ -214,7 +215,7 @@ def test_chapter_plumbing_runs_on_the_cpu(monkeypatch):
     checks = kb.folding.gpu_checks(mod, model, 2.0, small, device="cpu")
     assert len(checks) == 2 * 3 + 1 and all(c["passed"] for c in checks.values())
     bad = kb.folding.bad_inputs(mod, device="cpu")
-    assert bad["a backward through it"].startswith("conv2d_folded: this kernel has no backward")
+    assert bad["weight that requires grad"] == "forward-only"
     monkeypatch.setattr(kb.folding, "COMPILED", {})
     variants, (x, _, _, y) = kb.folding.eval_variants(mod, model, 2.0, small, {"flop": 1}, device="cpu")
     assert {"eager_eval", "cudnn_cl_fp32", "ours_fast", "ours_fold_at_call"} <= set(variants)

@@ -254,25 +254,6 @@ def test_moments_on_tensor_cores_no_worse_than_eager_on_shifted_input(cbs, shift
     check.assert_close(model.bn.running_var, ref.bn.running_var, 1e-5, what="running_var")
 
 
-@pytest.mark.gpu
-def test_saved_statistics_are_the_batch_mean_and_inverse_std(cbs):
-    """saved_stats (what the backward uses): each channel's batch mean and 1/√(var + ε), on every strategy."""
-    ref, ours = _modules(8, 16, 0.1, seed=2)
-    x = torch.rand(3, 8, 20, 37, device="cuda")
-    z = ref["conv"](x.double())
-    mean, var = z.mean(dim=(0, 2, 3)), z.var(dim=(0, 2, 3), unbiased=False)
-    for strategy in ("auto", "moments", "inplace"):
-        stats = torch.full((2, 16), float("nan"), device="cuda")
-        c, b = ours["conv"], ours["bn"]
-        cbs.conv_bn_scale_train(x, c.weight, c.bias, b.weight, b.bias, None, None, None, 0.1, b.eps, SCALE,
-                                strategy=strategy, saved_stats=stats)
-        check.assert_close(stats[0], mean, 1e-5, what=f"{strategy}: saved mean")
-        check.assert_close(stats[1], torch.rsqrt(var + b.eps), 1e-5, what=f"{strategy}: saved invstd")
-    with pytest.raises(RuntimeError, match=r"saved_stats must have shape \[2, 16\]"):
-        cbs.conv_bn_scale_train(x, c.weight, c.bias, None, None, None, None, None, 0.1, 1e-5, SCALE,
-                                saved_stats=torch.empty(16, device="cuda"))
-
-
 @pytest.mark.compile
 def test_guard_threshold_and_probe_checks(cbs):
     assert cbs.guard_kappa_max("fp32") == pytest.approx(1e-5 * 2.0**24)

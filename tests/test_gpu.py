@@ -94,16 +94,13 @@ def test_live_record_has_provenance():
                                                  "kernels/torch_checks.h"}
 
 
-def test_ops_run_in_grad_mode_and_refuse_a_backward_by_name(scale):
-    """With grad mode on, an op without a backward still runs and its output joins the graph (never silently
-    detached); a backward that reaches it raises, naming the op. Under no_grad it is called directly."""
+def test_kernels_are_forward_only_and_say_so(scale):
+    """An input autograd tracks is refused by name, never silently detached; under no_grad it runs."""
     x = torch.ones(8, device="cuda", requires_grad=True)
-    y = scale.scale(x, 2.0)
-    assert torch.equal(y.detach(), torch.full((8,), 2.0, device="cuda")) and y.grad_fn is not None
-    with pytest.raises(RuntimeError, match="scale: this kernel has no backward"):
-        y.sum().backward()
+    with pytest.raises(RuntimeError, match="x requires grad, but this kernel is forward-only"):
+        scale.scale(x, 2.0)
     with torch.no_grad():
-        assert scale.scale(x, 2.0).grad_fn is None
+        assert torch.equal(scale.scale(x, 2.0), torch.full((8,), 2.0, device="cuda"))
 
 
 def test_sm_clock_is_measured_on_the_gpu():

@@ -115,9 +115,9 @@ def plan(name: str, arch: str | None = None, defines: Mapping[str, int | str] | 
 
 
 class Extension:
-    """A compiled kernel's module as the book calls it: each op runs in any grad mode, with its autograd
-    (``autograd_ops.wrap``: the capstones' fused ops differentiable, every other op's output refusing a
-    backward by name); ``raw`` is the module load_inline built, whose functions compute values only."""
+    """A compiled kernel's module as the book calls it: the capstones' fused ops come with their autograd
+    (``autograd_ops.wrap``: differentiable, in any grad mode), every other op as its binding; ``raw`` is the
+    module load_inline built, whose functions compute values only."""
 
     def __init__(self, raw: ModuleType):
         self.raw = raw
