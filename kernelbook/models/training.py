@@ -116,18 +116,22 @@ def phases(kernel_rows) -> dict[str, float]:
     return out
 
 
-def step_glue(step_ms, forward_ms: float | None = None, phase_us=None) -> dict[str, float]:
-    """The numbers the prose quotes about the timed steps (medians by variant name): each step's time, ours
-    against eager's and compile's, our backward's share (given our forward's time) and the convolution's
-    backward's share of our step's kernel time (given ``phases``)."""
-    out = {f"{v.replace('ours_', '')}_ms": float(step_ms[v]) for v in step_ms.index}
-    for base in ("eager_step", "compile_step"):
+def step_glue(step_ms, forward_ms: float | None = None, phase_us=None) -> dict:
+    """The numbers the prose quotes about the timed steps (medians by variant name): each step's time, each
+    baseline's time over ours (``<variant>_x``), eager's with TF32 off over eager's; given our forward's time,
+    our backward's; given ``phases``, our step's largest phase, its share and time, and the convolution's
+    backward's share."""
+    out: dict = {f"{v.replace('ours_', '')}_ms": float(step_ms[v]) for v in step_ms.index}
+    for base in ("eager_step", "eager_step_fp32", "compile_step"):
         if base in step_ms.index:
             out[f"{base}_x"] = float(step_ms[base] / step_ms["ours_step"])
+    out["fp32_over_default"] = float(step_ms["eager_step_fp32"] / step_ms["eager_step"])
     if forward_ms is not None:
         out["step_bw_ms"] = float(step_ms["ours_step"] - forward_ms)
     if phase_us is not None:
-        total = sum(phase_us.values())
-        out["step_convbw_pct"] = 100 * sum(v for k, v in phase_us.items() if "(cuDNN)" in k) / total
+        total, top = sum(phase_us.values()), max(phase_us, key=phase_us.get)
+        out.update({"step_top": top, "step_top_pct": 100 * phase_us[top] / total,
+                    "step_top_ms": phase_us[top] / 1e3,
+                    "step_convbw_pct": 100 * sum(v for k, v in phase_us.items() if "(cuDNN)" in k) / total})
     return out
 
