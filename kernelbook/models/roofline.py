@@ -320,11 +320,14 @@ class Placed:
 
 def placed(rec: dict) -> dict[str, Placed]:
     """The timed variants of one record that declare both FLOP and bytes (``variants[v]["counts"]``;
-    bytes as a total or as read and write): nothing is inferred from a variant's name or chapter."""
+    bytes as a total or as read and write): nothing is inferred from a variant's name or chapter. A training
+    step (mode "step": a forward and a backward, each several kernels, one after the other) is not a point on
+    a roofline and is left out."""
     out = {}
     for v, d in rec.get("variants", {}).items():
         c = d.get("counts", {})
-        if v not in rec.get("timings_ms", {}) or "flop" not in c or not {"bytes", "read"} & set(c):
+        if v not in rec.get("timings_ms", {}) or d.get("mode") == "step" or "flop" not in c \
+                or not {"bytes", "read"} & set(c):
             continue
         write = int(c.get("write", 0))
         read = int(c["read"]) if "read" in c else int(c["bytes"]) - write
