@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""P27 on a GPU in one call: chapter 7's checks against float64, its variants timed, Nsight Compute.
+"""P27 on a GPU in one call: chapter 8's checks against float64, its variants timed, Nsight Compute.
 
     python dev/p27.py               # checks + timings (+ Nsight Compute when ncu is on PATH)
     python dev/p27.py --no-ncu      # without the profiler section
     python dev/p27.py --sweep       # also time -DKB_P27_KD_UNROLL=2 and 4 (two more builds, ~1 min)
     python dev/p27.py --out DIR     # the record as DIR/dev_p27.json (default: $OUT when set)
 
-A thin wrapper over what notebooks/07_capstone_conv3d_groupnorm_mean.ipynb runs, for use while
+A thin wrapper over what notebooks/08_capstone_conv3d_groupnorm_mean.ipynb runs, for use while
 kernels/conv3d_gn_mean changes, with the chapter's own helpers (``kb.gn_mean``): ``gn_mean.checks`` checks
 the fused kernel (FFMA and tensor cores) against float64 on P27's full batch and on odd shapes, the
 depth-slab plans of smaller GPUs and shifted inputs, the tail kernel on P27; the submission
@@ -38,7 +38,7 @@ import kernelbook as kb  # noqa: E402
 from kernelbook import gn_mean as gm  # noqa: E402
 from kernelbook import roofline as rl  # noqa: E402
 
-CHAPTER = "07_capstone_conv3d_groupnorm_mean"  # the NVTX ranges are the chapter's: <chapter>/<variant>
+CHAPTER = "08_capstone_conv3d_groupnorm_mean"  # the NVTX ranges are the chapter's: <chapter>/<variant>
 P27 = kb.problems.P27_CONV3D_GN_MEAN
 CONV, FUSED = rl.p27_conv(), rl.p27_fused()
 FLOP = 2 * CONV.macs  # the convolution's FLOP, the chapter's TFLOP/s

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""P73 on a GPU in one call: chapter 6's checks and timings, for every build of the kernel in SWEEP.
+"""P73 on a GPU in one call: chapter 7's checks and timings, for every build of the kernel in SWEEP.
 
     python dev/p73.py [--variants default,sync] [--no-compile] [--out DIR]
 
-A thin wrapper over what notebooks/06_capstone_conv_bn_scale.ipynb runs, for use while
+A thin wrapper over what notebooks/07_capstone_conv_bn_scale.ipynb runs, for use while
 kernels/conv_bn_scale changes. Each build named by --variants (``SWEEP``: -D defines) compiles in the
 background (``kb.build.load``) and is checked against float64 (``kb.check``): P73's training step (the
 ``auto``, ``moments`` and ``inplace`` strategies: output and running statistics) and its eval conv on
@@ -43,7 +43,7 @@ SWEEP: dict[str, dict[str, int]] = {
     "rpt3": {"KB_CBS_RPT": 3, "KB_CBS_MIN_BLOCKS": 1},                  # 96 accumulators, 1 block/SM
 }
 
-CHAPTER = "06_capstone_conv_bn_scale"  # the NVTX ranges are the chapter's: <chapter>/<variant>
+CHAPTER = "07_capstone_conv_bn_scale"  # the NVTX ranges are the chapter's: <chapter>/<variant>
 P73 = kb.problems.P73_CONV_BN_SCALE
 SCALE = P73.init_args[3]
 TOL = 1e-5                                   # the chapter's bound against float64
@@ -52,7 +52,7 @@ ODD_SHAPES = [(1, 8, 33, 97, 64), (4, 3, 32, 32, 16), (2, 19, 9, 130, 5), (2, 8,
 
 
 def train_step(mod, m, x, out=None, strategy="auto"):
-    """A training-mode forward of the kernel on m's conv and bn (running statistics updated), as chapter 6's."""
+    """A training-mode forward of the kernel on m's conv and bn (running statistics updated), as chapter 7's."""
     c, b = m.conv, m.bn
     return mod.conv_bn_scale_train(x, c.weight, c.bias, b.weight, b.bias, b.running_mean, b.running_var,
                                    b.num_batches_tracked, b.momentum, b.eps, SCALE, out=out, strategy=strategy)
@@ -84,7 +84,7 @@ def odd_shape_checks(mod, name: str) -> dict[str, dict]:
 
 def p73_checks(mod, name: str, model, x, ref: dict) -> dict[str, dict]:
     """P73's training step from the benchmark's initial state, each strategy (output and running
-    statistics), and the eval conv on the folded weights, against float64 (chapter 6's checks)."""
+    statistics), and the eval conv on the folded weights, against float64 (chapter 7's checks)."""
     res = {}
     for s in ("auto", "moments", "inplace"):
         m, out = copy.deepcopy(model), kb.check.poisoned(ref["train"].shape, device="cuda")

@@ -102,7 +102,7 @@ def test_cuda_home_is_the_toolkit_root():
 
 
 # Kernels allowed a small spill, with the bytes they may spill at most: the 3xTF32 GEMM's versions 3-5
-# hold 64 accumulators, both halves of their fragments and the next slab in 255 registers (chapter 8
+# hold 64 accumulators, both halves of their fragments and the next slab in 255 registers (chapter 6
 # shows the report and times them as they are).
 SPILL_ALLOWED = {("gemm_3xtf32", "gemm_tf32_v3_kernel<3"): 32, ("gemm_3xtf32", "gemm_tf32_v5_kernel<3>"): 16}
 

@@ -65,8 +65,8 @@ def test_staleness_check_fails_when_a_kernel_changes(tmp_path):
 
 
 def test_capstone_records_hash_their_submissions():
-    for chapter, problem in [("06_capstone_conv_bn_scale", "73_Conv2d_BatchNorm_Scaling"),
-                             ("07_capstone_conv3d_groupnorm_mean", "27_Conv3d_HardSwish_GroupNorm_Mean")]:
+    for chapter, problem in [("07_capstone_conv_bn_scale", "73_Conv2d_BatchNorm_Scaling"),
+                             ("08_capstone_conv3d_groupnorm_mean", "27_Conv3d_HardSwish_GroupNorm_Mean")]:
         rec = records.load(chapter, "h200")
         rel = f"solutions/{problem}.py"
         assert rel in rec["provenance"]["kernels"], f"{chapter}'s record does not hash {rel}: re-record it"

@@ -89,7 +89,7 @@ def test_recorded_counts_match_the_models():
     recs = {r["chapter"]: roofline.placed(r) for r in kb.records.on_gpu("h200")}
     y73, p27 = roofline.p73_parts()["y"], roofline.p27_parts()
     n73, n27 = math.prod(y73), math.prod(p27["y"])
-    ch4, ch5, ch6 = recs["04_coalescing"], recs["05_variance"], recs["06_capstone_conv_bn_scale"]
+    ch4, ch5, ch6 = recs["04_coalescing"], recs["05_variance"], recs["07_capstone_conv_bn_scale"]
     assert ch4["flat"].counts.flop == ch4["addcmul_torch"].counts.flop == 2 * n73 and ch4["copy_torch"].counts.flop == 0
     assert ch5["welford"].counts.flop == roofline.statistics(p27["y"], p27["groups"]).flop == 3 * n27
     assert ch5["ours_groupnorm"].counts.flop == roofline.groupnorm(p27["y"]).flop

@@ -1,4 +1,4 @@
-"""Counts of P73's three training-mode strategies (chapter 6): in place, conv twice, and from the input's moments."""
+"""Counts of P73's three training-mode strategies (chapter 7): in place, conv twice, and from the input's moments."""
 
 from __future__ import annotations
 

@@ -633,7 +633,7 @@ def ncu_numbers(ncu, ncu_rec: dict, out_bytes: int, macs: int) -> dict:
 
 
 def draw_p73_tile(config, out_hw: tuple[int, int], k: int = 3):
-    """Chapter 6's FFMA convolution tile, from its build's ``config()`` (RPT, CO_T, GROUPS, WROWS, …,
+    """Chapter 7's FFMA convolution tile, from its build's ``config()`` (RPT, CO_T, GROUPS, WROWS, …,
     shared-memory bytes of the eval kernel, of the training kernel): which warp owns which channels and
     which lane which columns. The tile's width follows from the eval kernel's shared memory (two input
     buffers of 8 channels × (rows + k − 1) × (width + 4) floats, then the weights). Returns the figure."""

@@ -1,4 +1,4 @@
-"""Chapter 7's own models: P27 (Conv3d → HardSwish → GroupNorm → mean) as the fused kernel sees it.
+"""Chapter 8's own models: P27 (Conv3d → HardSwish → GroupNorm → mean) as the fused kernel sees it.
 
 The reference in float64, the calls of the two kernels of ``kernels/conv3d_gn_mean``, the work
 decomposition of the fused kernel (from its constants, read from the built module), the float32
@@ -72,7 +72,7 @@ def check_cases(m: torch.nn.Module, device: str = "cuda") -> dict[str, tuple]:
 
 
 def checks(ext) -> dict[str, dict]:
-    """Chapter 7's checks against float64 (convolutions in float32) on NaN-poisoned outputs, as reports
+    """Chapter 8's checks against float64 (convolutions in float32) on NaN-poisoned outputs, as reports
     (``kb.check.report``): the fused kernel by FFMA (``ours``) and on the tensor cores (``ours_tc``) on
     P27's full batch (samples 0–63 and the last 64) and on ``check_cases`` — the tensor-core path where it
     runs (at most 16 output channels, one output depth in shared memory) —, the tail kernel on P27."""

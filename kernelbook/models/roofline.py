@@ -626,8 +626,8 @@ FFMA_CASES = ((0, 1.0, 1.0, 2), (37, 1.0, 3.0, 5), (4096, 1.0, 1.0, 0),
               (100, 0.999, 0.5, 3))  # iters, m, c, blocks (0: as many as fit)
 HEADLINE = {("03_roofline", "ours_p73_eval"): "P73 eval, ours",
             ("03_roofline", "eager_p73_eval"): "P73 eval, eager",
-            ("06_capstone_conv_bn_scale", "ours_train"): "P73 train, ours",
-            ("07_capstone_conv3d_groupnorm_mean", "ours"): "P27, ours",
+            ("07_capstone_conv_bn_scale", "ours_train"): "P73 train, ours",
+            ("08_capstone_conv3d_groupnorm_mean", "ours"): "P27, ours",
             ("03_roofline", "eager_p27"): "P27, eager", ("03_roofline", "ffma_ours"): "FFMA kernel"}
 
 

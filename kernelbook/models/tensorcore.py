@@ -1,6 +1,6 @@
-"""Chapter 8's model: TF32 rounding and the 3xTF32 split, emulated on the CPU, and the chapter's
+"""Chapter 6's model: TF32 rounding and the 3xTF32 split, emulated on the CPU, and the chapter's
 GPU plumbing (the checks, the Nsight Compute counters and the script they are read from); also the
-counters chapter 6 reads for its tensor-core convolution.
+counters chapter 7 reads for its tensor-core convolution.
 
 TF32 keeps float32's sign and 8 exponent bits and the top 10 of its 23 mantissa bits. The GPU's
 ``cvt.rna.tf32.f32`` rounds to the nearest TF32 value, ties away from zero; ``to_tf32`` does the same
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .gn_mean import STALL, STALLS  # the stall reasons Nsight Compute reports, as chapter 7 reads them
+from .gn_mean import STALL, STALLS  # the stall reasons Nsight Compute reports, as chapter 8 reads them
 
 TF32_MANTISSA_BITS = 10
 TF32_UNIT_ROUNDOFF = 2.0 ** -(TF32_MANTISSA_BITS + 1)  # half an ulp at 1: 2^-11 ≈ 4.9e-4
@@ -182,7 +182,7 @@ fns = {"mma_peak": lambda: mod.mma_peak(4 * sms, 1024, a.device),
        "cublas_tf32": lambda: a @ b}
 for variant, fn in fns.items():
     with kb.precision.tf32(conv=False, matmul=variant == "cublas_tf32"):
-        with kb.timing.nvtx_range("08_tensor_cores", variant):
+        with kb.timing.nvtx_range("06_tensor_cores", variant):
             fn()
 torch.cuda.synchronize()
 """
@@ -210,11 +210,11 @@ def ncu_table(rows: list[dict]):
 
 
 def mma3_rate() -> float:
-    """FLOP/s of float32-accurate products on the tensor cores, as chapter 8 measured them: a third of the
+    """FLOP/s of float32-accurate products on the tensor cores, as chapter 6 measured them: a third of the
     TF32 rate of its ``mma_peak`` kernel (``mma.sync`` on registers, nothing else), read from its record."""
     from ..harness import records
 
-    ch8 = records.load("08_tensor_cores")
+    ch8 = records.load("06_tensor_cores")
     flop, t = ch8["variants"]["mma_peak"]["counts"]["flop"], ch8["timings_ms"]["mma_peak"]["median"]
     return 1e3 * flop / t / 3
 
@@ -235,7 +235,7 @@ x = p73.inputs(seed=1, device="cuda")
 w, b = kb.folding.fold(m.conv, m.bn, 2.0)
 for variant, math in (("ours_eval", "auto"), ("ours_eval_ffma", "fp32")):
     mod.conv_bn_scale_eval(x, w, b, math=math)  # the first launch (opt-in, first touch) stays outside
-    with kb.timing.nvtx_range("06_capstone_conv_bn_scale", variant):
+    with kb.timing.nvtx_range("07_capstone_conv_bn_scale", variant):
         mod.conv_bn_scale_eval(x, w, b, math=math)
 torch.cuda.synchronize()
 """
