@@ -1,4 +1,4 @@
-// bn_stats.cuh — training-mode BatchNorm statistics, shared by chapter 1 (bn_train.cu), chapter 6's in-place
+// bn_stats.cuh — training-mode BatchNorm statistics, shared by chapter 1 (bn_train.cu), chapter 7's in-place
 // path (conv_bn_scale.cu) and the moments' fold (conv_moments.cuh): one definition of each step.
 //
 //   finalize   batch mean and biased variance → the per-channel map y = (x − m)·a + b of BN followed by ·s:

@@ -1,7 +1,7 @@
 // bn_train.cu — BatchNorm2d followed by a scale factor, fused: y = BN(x)·s, NCHW float32.
 //
 // The statistics' finalize, the running-statistics update and the apply map are bn_stats.cuh's (shared with
-// chapter 6); this file's launch API is declared in bn_train.h.
+// chapter 7); this file's launch API is declared in bn_train.h.
 //
 // Training mode (what PyTorch does when the module was never put in .eval()):
 //   1. bn_stats_kernel: one read of x. Block (c, s) summarises slice s of channel c as a Welford
@@ -21,7 +21,7 @@
 // Memory traffic in training mode: 3 passes over the tensor (read, read, write) — the minimum for a
 // batch-norm that is handed the tensor: its statistics must be known before the first output is
 // written. (Fused with the convolution that produces x, the statistics can also come from recomputing
-// the convolution or from the input's moments; chapter 6 does the latter.)
+// the convolution or from the input's moments; chapter 7 does the latter.)
 //
 // The stats grid is sized by the occupancy API (bn_stats_resident_blocks): at most one wave.
 #include <cuda_runtime.h>

@@ -14,7 +14,7 @@
 // math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
 // cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it runs, else fp32) — except for
 // the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the FFMA
-// convolution is the more accurate (chapter 6 measures both); math="3xtf32" puts it on the tensor cores too.
+// convolution is the more accurate (chapter 7 measures both); math="3xtf32" puts it on the tensor cores too.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -64,11 +64,6 @@ inline void check_tensor(const torch::Tensor& t, const char* op, const char* nam
     KB_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides()),
                 " for sizes ", shape_str(t.sizes()), " (call .contiguous() first)");
     KB_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
-    // The book's kernels are forward-only: an output computed from a tensor that autograd tracks would come
-    // back silently detached from the graph, and a later backward would skip this op without a word.
-    KB_CHECK(!(t.requires_grad() && at::GradMode::is_enabled()), op, ": ", name,
-             " requires grad, but this kernel is forward-only (it has no backward); call it under "
-             "torch.no_grad() or pass ", name, ".detach()");
 }
 
 inline void check_shape(const torch::Tensor& t, c10::IntArrayRef expected, const char* op, const char* name) {

@@ -881,11 +881,6 @@ inline void check_tensor(const torch::Tensor& t, const char* op, const char* nam
     KB_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides()),
                 " for sizes ", shape_str(t.sizes()), " (call .contiguous() first)");
     KB_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
-    // The book's kernels are forward-only: an output computed from a tensor that autograd tracks would come
-    // back silently detached from the graph, and a later backward would skip this op without a word.
-    KB_CHECK(!(t.requires_grad() && at::GradMode::is_enabled()), op, ": ", name,
-             " requires grad, but this kernel is forward-only (it has no backward); call it under "
-             "torch.no_grad() or pass ", name, ".detach()");
 }
 
 inline void check_shape(const torch::Tensor& t, c10::IntArrayRef expected, const char* op, const char* name) {
@@ -1379,8 +1374,8 @@ class _P27(torch.autograd.Function):
     Backward by recomputation: the forward keeps only its inputs (the fused kernel never forms the conv
     output, and neither does this op's saved state); the backward runs the same function through PyTorch's
     ops on them — the convolution in float32 — and lets autograd differentiate that. It costs a convolution
-    forward and backward in cuDNN, about what eager PyTorch's backward costs; the fused forward's saving
-    stays.
+    forward and backward in cuDNN in float32: about what eager PyTorch's step costs with TF32 off, many times
+    its step with PyTorch's default (which lets cuDNN's 3-D convolution backward run in TF32).
     """
 
     @staticmethod
@@ -1430,13 +1425,47 @@ _DIFFERENTIABLE = {"conv_bn_scale_train": conv_bn_scale_train, "conv_bn_scale_ev
                    "p27_forward": p27_forward}  # the bindings' names; conv_bn_scale_folded is built on the second
 
 
+class _NoBackward(torch.autograd.Function):
+    """A kernel without a derivative: the forward is the binding's, the backward raises, naming the op."""
+
+    @staticmethod
+    def forward(ctx, op, fn, names, *values):
+        k = len(values) - len(names)
+        out = fn(*values[:k], **dict(zip(names, values[k:], strict=True)))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        written = [o for o in outs if isinstance(o, torch.Tensor) and any(o is v for v in values)]
+        if written:  # an out= argument, filled in place
+            ctx.mark_dirty(*written)
+        ctx.op = op
+        return tuple(out) if isinstance(out, list) else out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.op}: this kernel has no backward (it computes values only), so no gradient can "
+                           "flow through it; compute the gradient with PyTorch's ops, or call the kernel on "
+                           "tensors that do not require grad")
+
+
+def _forward_only(op: str, fn):
+    """``fn`` (binding ``op``) in any grad mode: called directly unless autograd records, and otherwise through
+    ``_NoBackward``, so that its outputs join the graph with a backward that refuses by name."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not _needs_grad(*args, *kwargs.values()):
+            return fn(*args, **kwargs)
+        out = _NoBackward.apply(op, fn, tuple(kwargs), *args, *kwargs.values())
+        return list(out) if isinstance(out, tuple) else out  # the binding's list, as a list again
+
+    return call
+
+
 def wrap(op: str, ext):
     """Binding ``op`` of the compiled module ``ext`` as the book calls it: the fused op's Function where one is
-    derived here, otherwise the binding itself (a forward-only kernel, whose binding refuses tensors that
-    autograd tracks)."""
+    derived here, otherwise the binding in any grad mode, with a backward that refuses by name."""
     if op in _DIFFERENTIABLE:
         return functools.wraps(getattr(ext, op))(functools.partial(_DIFFERENTIABLE[op], ext))
-    return getattr(ext, op)
+    return _forward_only(op, getattr(ext, op))
 # ---- end kernelbook/models/autograd_ops.py ----
 
 

@@ -50,8 +50,12 @@ class Stand:
         y = F.group_norm(F.hardswish(F.conv3d(x, w, b)), groups, gw, gb, eps).mean(dim=(2, 3, 4))
         return out.copy_(y) if out is not None else y
 
-    def twice(self, x):
-        return 2 * x
+    def twice(self, x, out=None, *, offset=0.0):
+        y = 2 * x + offset
+        return out.copy_(y) if out is not None else y
+
+    def halves(self, x):
+        return [x / 2, x.sum() / 2]  # a binding returning std::vector<Tensor>: a Python list
 
     def config(self):
         return [4, 8]
@@ -195,10 +199,36 @@ def test_double_backward_is_refused_by_name(which):
         torch.autograd.grad(y.square().sum(), x, create_graph=True)
 
 
-def test_extension_hands_out_the_other_ops_as_their_bindings():
-    stand = Stand()
-    ext = Extension(stand)
-    assert ext.twice == stand.twice and ext.config() == [4, 8]
+def test_the_other_ops_are_their_bindings_outside_autograd():
+    """With nothing to record (no_grad, or no input requiring grad) an op is its binding's call, unchanged."""
+    ext = Extension(Stand())
+    x = torch.rand(5, dtype=torch.float64)
+    assert ext.config() == [4, 8] and ext.twice.__name__ == "twice"
+    y = ext.twice(x, offset=1.0)
+    assert torch.equal(y, 2 * x + 1) and y.grad_fn is None
+    with torch.no_grad():
+        assert ext.twice(x.requires_grad_()).grad_fn is None
+
+
+def test_the_other_ops_run_in_grad_mode_and_refuse_a_backward_by_name():
+    """In grad mode a forward-only op gives the same values (keyword arguments, out= and list results
+    included), its outputs join the graph, and a backward through any of them raises naming the op."""
+    ext = Extension(Stand())
+    x = torch.rand(5, dtype=torch.float64, requires_grad=True)
+    y = ext.twice(x, offset=1.0)
+    assert torch.equal(y.detach(), 2 * x.detach() + 1) and y.requires_grad
+    with pytest.raises(RuntimeError, match="twice: this kernel has no backward"):
+        y.sum().backward()
+    out = torch.empty(5, dtype=torch.float64)
+    assert ext.twice(x, out) is out and torch.equal(out.detach(), 2 * x.detach()) and out.grad_fn is not None
+    halves = ext.halves(x)
+    assert isinstance(halves, list) and len(halves) == 2 and all(h.grad_fn is not None for h in halves)
+    with pytest.raises(RuntimeError, match="halves: this kernel has no backward"):
+        halves[1].backward()
+    assert x.grad is None
+    z = torch.rand(5, dtype=torch.float64)
+    (x * 3).sum().backward()  # a graph without the kernel is untouched
+    assert torch.equal(x.grad, torch.full_like(z, 3.0))
 
 
 def test_extension_routes_the_fused_ops_to_their_functions():

@@ -25,7 +25,8 @@ def bn():
 @pytest.fixture(autouse=True)
 def _no_grad():
     """The kernels are forward-only: every test calls them as the chapter does, with grad mode off
-    (γ, β of an nn.BatchNorm2d are parameters that require grad; the binding refuses them otherwise)."""
+    (γ, β of an nn.BatchNorm2d are parameters that require grad; in grad mode the outputs would join a graph
+    whose backward refuses)."""
     with torch.no_grad():
         yield
 
@@ -171,20 +172,25 @@ def test_bad_input_is_named(bn, call, message):
 
 
 @pytest.mark.gpu
-def test_forward_only_refuses_tensors_autograd_tracks(bn):
-    """With grad mode on, a parameter (requires_grad) is refused with a message naming the op; the same
-    call under no_grad runs. The output is never silently detached from a graph."""
+def test_grad_mode_runs_and_a_backward_is_refused_by_name(bn):
+    """With grad mode on and γ a parameter, both kernels run with the values they give under no_grad; the
+    outputs (all three of training mode's) carry a grad_fn whose backward raises, naming the op."""
     x = torch.rand(2, 4, 5, 5, device="cuda")
     ref = nn.BatchNorm2d(4).cuda()
-    args = (ref.weight, ref.bias, ref.running_mean, ref.running_var, ref.num_batches_tracked, 0.1, 1e-5, 2.0)
+    args = (ref.weight, ref.bias, ref.running_mean, ref.running_var, None, 1e-5, 2.0)
     with torch.enable_grad():
-        with pytest.raises(RuntimeError, match="bn_scale: weight requires grad, but this kernel is forward-only"):
-            bn.bn_scale_train(x, *args)
-        with pytest.raises(RuntimeError, match="bn_scale: x requires grad"):
-            bn.bn_scale_eval(x.requires_grad_(), ref.weight.detach(), None, ref.running_mean, ref.running_var,
+        y, mean, var = bn.bn_scale_train(x, *args[:4], ref.num_batches_tracked.clone(), 0.1, *args[5:])
+        assert all(t.grad_fn is not None for t in (y, mean, var))
+        with pytest.raises(RuntimeError, match="bn_scale_train: this kernel has no backward"):
+            y.sum().backward()
+        e = bn.bn_scale_eval(x.requires_grad_(), ref.weight.detach(), None, ref.running_mean, ref.running_var,
                              1e-5, 2.0)
-    y, _, _ = bn.bn_scale_train(x.detach(), *args)
-    assert not y.requires_grad and torch.isfinite(y).all()
+        with pytest.raises(RuntimeError, match="bn_scale_eval: this kernel has no backward"):
+            e.sum().backward()
+    y0, _, _ = bn.bn_scale_train(x.detach(), *args[:4], ref.num_batches_tracked.clone(), 0.1, *args[5:])
+    assert not y0.requires_grad and torch.equal(y0, y.detach())
+    assert torch.equal(bn.bn_scale_eval(x.detach(), ref.weight, None, ref.running_mean, ref.running_var, 1e-5, 2.0),
+                       e.detach())
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@ GPU tests are marked ``gpu``; folding and the argument checks that need no GPU r
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 import kernelbook as kb
 from kernelbook import check
+from kernelbook.models import autograd_ops
 
 FUNCTIONS = ["conv2d_simple", "conv2d_folded"]
 
@@ -191,21 +193,20 @@ def test_pinned_sets_tf32_and_no_grad_per_call():
     assert seen == [(False, False)]
 
 
-def _cpu_stand_in(x, w, b, out=None):
+def _cpu_binding(x, w, b, out=None):
     """The binding's contract on the CPU (refuses what the real one refuses first), for the plumbing."""
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise RuntimeError("float32 contiguous input expected")
-    if torch.is_grad_enabled() and w.requires_grad:
-        raise RuntimeError("forward-only")
     y = F.conv2d(x, w, b)
     return y if out is None else out.copy_(y)
+
+
+_cpu_stand_in = autograd_ops.wrap("conv2d_folded", types.SimpleNamespace(conv2d_folded=_cpu_binding))
 
 
 def test_chapter_plumbing_runs_on_the_cpu(monkeypatch):
     """The notebook's GPU path (checks, bad inputs, variants) on CPU tensors with a stand-in module,
     so a typo there fails here rather than on the GPU."""
-    import types
-
     mod = types.SimpleNamespace(conv2d_simple=_cpu_stand_in, conv2d_folded=_cpu_stand_in)
     p73 = kb.problems.P73_CONV_BN_SCALE
     small = types.SimpleNamespace(input_shape=(2, 8, 10, 12), init_args=p73.init_args,
@@ -215,7 +216,7 @@ def test_chapter_plumbing_runs_on_the_cpu(monkeypatch):
     checks = kb.folding.gpu_checks(mod, model, 2.0, small, device="cpu")
     assert len(checks) == 2 * 3 + 1 and all(c["passed"] for c in checks.values())
     bad = kb.folding.bad_inputs(mod, device="cpu")
-    assert bad["weight that requires grad"] == "forward-only"
+    assert bad["a backward through it"].startswith("conv2d_folded: this kernel has no backward")
     monkeypatch.setattr(kb.folding, "COMPILED", {})
     variants, (x, _, _, y) = kb.folding.eval_variants(mod, model, 2.0, small, {"flop": 1}, device="cpu")
     assert {"eager_eval", "cudnn_cl_fp32", "ours_fast", "ours_fold_at_call"} <= set(variants)

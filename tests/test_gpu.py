@@ -94,13 +94,19 @@ def test_live_record_has_provenance():
                                                  "kernels/torch_checks.h"}
 
 
-def test_kernels_are_forward_only_and_say_so(scale):
-    """An input autograd tracks is refused by name, never silently detached; under no_grad it runs."""
+def test_kernels_run_in_grad_mode_and_refuse_a_backward_by_name(scale):
+    """In grad mode a kernel without a backward runs (same values) and its output joins the graph with a
+    backward that raises, naming the op; under no_grad nothing is recorded. Never silently detached."""
     x = torch.ones(8, device="cuda", requires_grad=True)
-    with pytest.raises(RuntimeError, match="x requires grad, but this kernel is forward-only"):
-        scale.scale(x, 2.0)
+    y = scale.scale(x, 2.0)
+    assert torch.equal(y.detach(), torch.full((8,), 2.0, device="cuda")) and y.grad_fn is not None
+    with pytest.raises(RuntimeError, match="scale: this kernel has no backward"):
+        y.sum().backward()
+    out = torch.empty(8, device="cuda")
+    assert scale.scale_out(x, 3.0, out) is out and out.grad_fn is not None  # out= filled in place
     with torch.no_grad():
-        assert torch.equal(scale.scale(x, 2.0), torch.full((8,), 2.0, device="cuda"))
+        z = scale.scale(x, 2.0)
+    assert z.grad_fn is None and not z.requires_grad and x.grad is None
 
 
 def test_sm_clock_is_measured_on_the_gpu():

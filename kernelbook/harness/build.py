@@ -116,8 +116,9 @@ def plan(name: str, arch: str | None = None, defines: Mapping[str, int | str] | 
 
 class Extension:
     """A compiled kernel's module as the book calls it: the capstones' fused ops come with their autograd
-    (``autograd_ops.wrap``: differentiable, in any grad mode), every other op as its binding; ``raw`` is the
-    module load_inline built, whose functions compute values only."""
+    (``autograd_ops.wrap``: differentiable, in any grad mode), every other op in any grad mode with a backward
+    that refuses by name; ``raw`` is the module load_inline built, whose functions compute values only and
+    return tensors outside autograd's graph."""
 
     def __init__(self, raw: ModuleType):
         self.raw = raw

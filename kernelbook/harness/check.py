@@ -151,6 +151,14 @@ def error_message(fn: Callable[[], object]) -> str:
     return "accepted"
 
 
+def run_backward(fn: Callable[[], object]) -> None:
+    """A backward from ``fn()``'s output (the first, where it returns several) with grad mode on: the sum's
+    gradient taken back through every op that made it."""
+    with torch.enable_grad():
+        y = fn()
+        (y[0] if isinstance(y, (list, tuple)) else y).sum().backward()
+
+
 def run_double_backward(fn: Callable[[], torch.Tensor], x: torch.Tensor) -> None:
     """A second derivative through ``fn()``: the gradient of its squared sum with respect to ``x`` (which
     requires grad), asked for with ``create_graph=True``."""

@@ -2,8 +2,8 @@
 
 PyTorch lets cuDNN run a float32 convolution in TF32 by default and keeps float32 matrix products in
 full float32; whether a convolution *does* use TF32 is cuDNN's choice of algorithm at run time. The
-book's policy, stated once: our kernels compute in float32 (FFMA; chapter 6's in 3xTF32 on the tensor
-cores, as accurate, checked against float64 like every kernel); every baseline is measured
+book's policy, stated once: our kernels compute in float32 (FFMA; chapters 6-8 also in 3xTF32 on the tensor
+cores), checked against float64 like every kernel; every baseline is measured
 with PyTorch's defaults (so as a user would get it), and where TF32 could change a baseline's time it
 is measured a second time with TF32 off (variant names ending in ``_fp32``). Which arithmetic a
 baseline used is read from the kernels its profile shows, and its error against float64 is shown.

@@ -3,9 +3,9 @@
 A binding (``kernels/*.cpp``) computes values only. The capstones' fused ops — P73 in training mode
 (``conv_bn_scale_train``) and in eval mode (``conv_bn_scale_folded``; the eval kernel alone,
 ``conv_bn_scale_eval``, too) and P27 (``p27_forward``) — are ``torch.autograd.Function``s here, with a
-backward derived for them (below); ``kb.build.load`` hands them out in place of the bindings. Inside a
-Function's forward autograd records nothing, so the binding's refusal of tracked tensors (which guards
-the design chapters' forward-only kernels) does not apply there.
+backward derived for them (below); ``kb.build.load`` hands them out in place of the bindings. Every
+other op (the design chapters' kernels) runs in any grad mode too, and its output carries a ``grad_fn``
+that raises, naming the op, if a backward reaches it: a gradient never skips a kernel silently.
 
 Under ``torch.no_grad()`` or ``torch.inference_mode()`` (or when no input requires grad) each op
 calls its binding directly: nothing is saved, and the forward costs what it costs without autograd.
@@ -216,8 +216,8 @@ class _P27(torch.autograd.Function):
     Backward by recomputation: the forward keeps only its inputs (the fused kernel never forms the conv
     output, and neither does this op's saved state); the backward runs the same function through PyTorch's
     ops on them — the convolution in float32 — and lets autograd differentiate that. It costs a convolution
-    forward and backward in cuDNN, about what eager PyTorch's backward costs; the fused forward's saving
-    stays.
+    forward and backward in cuDNN in float32: about what eager PyTorch's step costs with TF32 off, many times
+    its step with PyTorch's default (which lets cuDNN's 3-D convolution backward run in TF32).
     """
 
     @staticmethod
@@ -267,10 +267,44 @@ _DIFFERENTIABLE = {"conv_bn_scale_train": conv_bn_scale_train, "conv_bn_scale_ev
                    "p27_forward": p27_forward}  # the bindings' names; conv_bn_scale_folded is built on the second
 
 
+class _NoBackward(torch.autograd.Function):
+    """A kernel without a derivative: the forward is the binding's, the backward raises, naming the op."""
+
+    @staticmethod
+    def forward(ctx, op, fn, names, *values):
+        k = len(values) - len(names)
+        out = fn(*values[:k], **dict(zip(names, values[k:], strict=True)))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        written = [o for o in outs if isinstance(o, torch.Tensor) and any(o is v for v in values)]
+        if written:  # an out= argument, filled in place
+            ctx.mark_dirty(*written)
+        ctx.op = op
+        return tuple(out) if isinstance(out, list) else out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.op}: this kernel has no backward (it computes values only), so no gradient can "
+                           "flow through it; compute the gradient with PyTorch's ops, or call the kernel on "
+                           "tensors that do not require grad")
+
+
+def _forward_only(op: str, fn):
+    """``fn`` (binding ``op``) in any grad mode: called directly unless autograd records, and otherwise through
+    ``_NoBackward``, so that its outputs join the graph with a backward that refuses by name."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not _needs_grad(*args, *kwargs.values()):
+            return fn(*args, **kwargs)
+        out = _NoBackward.apply(op, fn, tuple(kwargs), *args, *kwargs.values())
+        return list(out) if isinstance(out, tuple) else out  # the binding's list, as a list again
+
+    return call
+
+
 def wrap(op: str, ext):
     """Binding ``op`` of the compiled module ``ext`` as the book calls it: the fused op's Function where one is
-    derived here, otherwise the binding itself (a forward-only kernel, whose binding refuses tensors that
-    autograd tracks)."""
+    derived here, otherwise the binding in any grad mode, with a backward that refuses by name."""
     if op in _DIFFERENTIABLE:
         return functools.wraps(getattr(ext, op))(functools.partial(_DIFFERENTIABLE[op], ext))
-    return getattr(ext, op)
+    return _forward_only(op, getattr(ext, op))

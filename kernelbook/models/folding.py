@@ -453,13 +453,12 @@ def gpu_checks(mod, model: nn.Module, scale: float, problem, device: str = "cuda
 
 def bad_inputs(mod, device: str = "cuda") -> dict:
     """The tiled kernel's binding on inputs it must refuse: case → the first line of its message."""
-    from ..harness.check import error_message
+    from ..harness.check import error_message, run_backward
 
     x, w, b = (torch.rand(*s, device=device) for s in ((2, 3, 6, 7), (5, 3, 3, 3), (5,)))
     w5, out_bad = torch.rand(5, 3, 5, 5, device=device), torch.empty(2, 5, 4, 4, device=device)
     f = mod.conv2d_folded
     cases = {
-        "weight that requires grad": lambda: f(x, w.clone().requires_grad_(), b, None),
         "CPU input": lambda: f(x.cpu(), w, b, None),
         "float64 input": lambda: f(x.double(), w, b, None),
         "channels-last input": lambda: f(x.to(memory_format=torch.channels_last), w, b, None),
@@ -468,6 +467,7 @@ def bad_inputs(mod, device: str = "cuda") -> dict:
         "bias of the wrong length": lambda: f(x, w, b[:3], None),
         "input smaller than the filter": lambda: f(x[..., :2].contiguous(), w, b, None),
         "out of the wrong shape": lambda: f(x, w, b, out_bad),
+        "a backward through it": lambda: run_backward(lambda: f(x, w.clone().requires_grad_(), b, None)),
     }
     return {k: error_message(fn) for k, fn in cases.items()}
 

@@ -137,6 +137,8 @@ def error_growth(mod, ks=(64, 512, 2048, 8192), mn: int = 256, seed: int = 5) ->
 
 def bad_inputs(mod) -> dict[str, str]:
     """What the binding says to each bad input (the message, or 'accepted')."""
+    from ..harness.check import run_backward
+
     cuda = {"device": "cuda"}
     cases = {
         "K not a multiple of 4": lambda: mod.gemm_tf32(torch.ones(8, 6, **cuda), torch.ones(6, 8, **cuda)),
@@ -147,8 +149,8 @@ def bad_inputs(mod) -> dict[str, str]:
         "misaligned": lambda: mod.gemm_tf32(torch.ones(65, **cuda)[1:].view(8, 8), torch.ones(8, 8, **cuda)),
         "transposed": lambda: mod.gemm_tf32(torch.ones(8, 12, **cuda).t(), torch.ones(8, 8, **cuda)),
         "version 6": lambda: mod.gemm_tf32(torch.ones(8, 8, **cuda), torch.ones(8, 8, **cuda), 3, 6),
-        "requires grad": lambda: mod.gemm_tf32(torch.ones(8, 8, requires_grad=True, **cuda),
-                                               torch.ones(8, 8, **cuda)),
+        "a backward through it": lambda: run_backward(
+            lambda: mod.gemm_tf32(torch.ones(8, 8, requires_grad=True, **cuda), torch.ones(8, 8, **cuda))),
     }
     out = {}
     for name, call in cases.items():
@@ -228,7 +230,7 @@ PATH_NCU_METRICS = [*NCU_METRICS[:3], "sm__pipe_fma_cycles_active.avg.pct_of_pea
 # The script Nsight Compute runs: each path once on P73, inside its NVTX range.
 P73_NCU_TARGET = """
 import torch, kernelbook as kb
-torch.set_grad_enabled(False)  # the kernels are forward-only
+torch.set_grad_enabled(False)  # nothing here needs a gradient
 p73 = kb.problems.P73_CONV_BN_SCALE
 mod, m = kb.build.load("conv_bn_scale"), p73.model(seed=0).cuda().eval()
 x = p73.inputs(seed=1, device="cuda")
