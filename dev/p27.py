@@ -125,7 +125,7 @@ def main() -> int:
         if name != "conv_only":
             rec["variant_errors"][name] = kb.check.report(out[:32], ref, gm.TOL)
     t = kb.measure.run(rec, runs)
-    rec["sm_clock_mhz"] = kb.device.sm_clock_mhz()  # right after the runs: their clock
+    rec["sm_clock_mhz"] = kb.measure.sm_clock_mhz()  # right after the runs: their clock
     prov = rec["provenance"]
     floor_ms = 1e3 * FLOP / rl.fp32_peak(prov["sm_count"], rec["sm_clock_mhz"] * 1e6, prov["capability"])
     ms = t["median ms"]

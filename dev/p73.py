@@ -191,7 +191,7 @@ def main() -> int:
         with kb.precision.tf32(bool(v.tf32)):
             rec["variant_errors"][name] = kb.check.report(v.fn(), ref[v.mode], TOL)
     t = kb.measure.run(rec, variants)
-    rec["sm_clock_mhz"] = kb.device.sm_clock_mhz()  # right after the runs: their clock
+    rec["sm_clock_mhz"] = kb.measure.sm_clock_mhz()  # right after the runs: their clock
     first = next((v for v in names if v in rec.get("builds", {})), None)
     if first:
         runs = {n: variants[n].fn for n in (f"ours_train[{first}]", f"ours_train_inplace[{first}]")}

@@ -110,5 +110,5 @@ def test_kernels_run_in_grad_mode_and_refuse_a_backward_by_name(scale):
 
 
 def test_sm_clock_is_measured_on_the_gpu():
-    mhz = kb.device.sm_clock_mhz()
+    mhz = kb.measure.sm_clock_mhz()
     assert 300 <= mhz <= 3500, f"{mhz} MHz is no SM clock"

@@ -31,3 +31,30 @@ def test_the_product_speaks_of_its_subject_not_of_how_it_is_made():
                                                                          ".h", ".yml", ".bib", ".txt", ".css"}:
                 hits += [f"{p.relative_to(ROOT)}: {m.group(0)!r}" for m in pattern.finditer(p.read_text())]
     assert not hits, "internal wording in the product:\n" + "\n".join(hits[:20])
+
+
+def test_the_toolkit_has_no_import_cycles():
+    """Modules of kernelbook import each other in one direction (function-level imports included), so each
+    can be read, and imported, on its own terms."""
+    import ast
+
+    pkg = ROOT / "kernelbook"
+    names = {p: ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+             for p in pkg.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path, name in names.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+                deps |= {f"{target}.{a.name}" for a in node.names} | {target}
+        graph[name] = {d for d in deps if d in names.values() and d != name and not name.startswith(d + ".")
+                       and not (path.name == "__init__.py")}
+
+    def reaches(a: str, b: str, seen: set[str]) -> bool:
+        return any(d == b or (d not in seen and not seen.add(d) and reaches(d, b, seen)) for d in graph.get(a, ()))
+
+    cycles = sorted((a, b) for a in graph for b in graph[a] if reaches(b, a, set()))
+    assert not cycles, f"import cycles between toolkit modules: {cycles}"

@@ -35,3 +35,21 @@ def test_strategy_names():
     assert roofline.P73_TRAIN_STRATEGIES == ("materialise", "recompute", "moments")
     with pytest.raises(ValueError, match="moments"):
         roofline.p73_fused_train(strategy="welford")
+
+
+def test_the_phases_bounds_add_and_never_undercut_the_totals():
+    """A grid-wide dependency (statistics before normalisation) serialises a strategy's phases: its bound is the
+    sum of theirs — in place: the convolution (compute-bound) plus a read and a write of the output."""
+    peak, bw = 65e12, 4.28e12
+    for s in roofline.P73_TRAIN_STRATEGIES:
+        phases = roofline.p73_train_phases(strategy=s)
+        assert roofline.total(phases) == roofline.p73_fused_train(strategy=s)
+        assert roofline.phased_bound_ms(phases, peak, bw) >= roofline.bound_ms(roofline.total(phases), peak, bw)
+    conv, apply = roofline.p73_train_phases(strategy="materialise")
+    out_bytes = 4 * 128 * 64 * 126 * 126
+    assert apply.bytes == 2 * out_bytes + 4 * 6 * 64 + 16
+    expected = 1e3 * conv.flop / peak + 1e3 * apply.bytes / bw  # conv compute-bound, apply memory-bound
+    assert abs(roofline.phased_bound_ms([conv, apply], peak, bw) - expected) < 1e-9
+    c = roofline.p73_train_counts("moments")  # credited with the problem's FLOP, bounded by its own phases
+    assert c["flop"] == roofline.p73_fused_train(strategy="materialise").flop
+    assert c["bytes"] == roofline.p73_fused_train(strategy="moments").bytes and len(c["phases"]) == 2

@@ -58,27 +58,6 @@ def describe() -> str:
             f"driver {g['driver']}, CUDA {g['cuda']}, torch {g['torch']}.")
 
 
-def sm_clock_mhz(iters: int = 1 << 15) -> float | None:
-    """The SM clock the GPU runs at now, in MHz, measured on the GPU itself (None without one).
-
-    One short FFMA launch over every resident block (kernels/ceilings.cu, about 2 ms on an H200): each
-    block reads its SM's ``clock64`` cycles and the ``%globaltimer`` nanoseconds around its loop, and the
-    median of cycles / ns over the blocks is the clock. Called right after a timed run, the GPU is still
-    at the clock those kernels ran at, so a peak computed from it (SMs × lanes × 2 FLOP × clock) is the
-    peak of that run — not nvidia-smi's reading a moment later.
-    """
-    import statistics
-
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    from .build import load
-
-    clocks = load("ceilings").ffma(iters)[1].double().cpu().tolist()
-    return 1e3 * statistics.median(cycles / ns for cycles, ns in clocks if ns > 0)
-
-
 # Per-SM limits by compute capability (CUDA programming guide, "compute capabilities" table): 32-bit
 # registers, resident threads, resident blocks, shared memory usable by blocks (bytes).
 SM_LIMITS = {

@@ -27,7 +27,7 @@ class Variant:
     provider: str
     mode: str = ""
     math: str = "fp32"          # fp32 | tf32 | 3xtf32 | fp64: corrected from the profile by ``math_from_profile``
-    counts: Mapping[str, float] = field(default_factory=dict)  # {"flop": …, "bytes": …}
+    counts: Mapping[str, object] = field(default_factory=dict)  # {"flop": …, "bytes": …, "phases": […]?}
     role: str = "baseline"      # headline | baseline | reference-rate | control | …
     tf32: bool | None = None    # run with TF32 allowed for convolutions or not (None: as the settings are)
     tf32_matmul: bool | None = None  # the same for float32 matrix products
@@ -38,7 +38,8 @@ class Variant:
         if self.provider not in PROVIDERS:
             raise ValueError(f"provider {self.provider!r} is not one of {', '.join(PROVIDERS)}")
         d = {"provider": self.provider, "mode": self.mode, "math": self.math, "role": self.role,
-             "counts": {k: float(v) for k, v in self.counts.items()}}
+             "counts": {k: [{q: float(n) for q, n in ph.items()} for ph in v] if k == "phases" else float(v)
+                        for k, v in self.counts.items()}}  # phases: work that cannot overlap
         if self.tf32 is not None:
             d["tf32_allowed"] = self.tf32
         if self.tf32_matmul is not None:
@@ -116,3 +117,24 @@ def math_from_profile(rec: dict, profile_rows: Iterable[Mapping]) -> dict[str, s
             if d is not None and d["math"] in ("fp32", "tf32"):  # fp64, 3xtf32: declared by their kernels
                 d["math"] = m
     return found
+
+
+def sm_clock_mhz(iters: int = 1 << 15) -> float | None:
+    """The SM clock the GPU runs at now, in MHz, measured on the GPU itself (None without one).
+
+    One short FFMA launch over every resident block (kernels/ceilings.cu, about 2 ms on an H200): each
+    block reads its SM's ``clock64`` cycles and the ``%globaltimer`` nanoseconds around its loop, and the
+    median of cycles / ns over the blocks is the clock. Called right after a timed run, the GPU is still
+    at the clock those kernels ran at, so a peak computed from it (SMs × lanes × 2 FLOP × clock) is the
+    peak of that run — not nvidia-smi's reading a moment later.
+    """
+    import statistics
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from .build import load
+
+    clocks = load("ceilings").ffma(iters)[1].double().cpu().tolist()
+    return 1e3 * statistics.median(cycles / ns for cycles, ns in clocks if ns > 0)

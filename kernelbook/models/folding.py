@@ -522,7 +522,7 @@ def measure_eval(rec: dict, variants: dict, model: nn.Module, x: torch.Tensor, c
     SM clock right after the runs. Fills ``rec``; returns the timing table. GPU only."""
     import copy
 
-    from ..harness import check, device, measure, profile
+    from ..harness import check, measure, profile
 
     with torch.no_grad():
         ref = copy.deepcopy(model).to(x.device).double().eval()(x.double())
@@ -534,7 +534,7 @@ def measure_eval(rec: dict, variants: dict, model: nn.Module, x: torch.Tensor, c
     for n, e in rec["variant_errors"].items():
         if e["rel_err"] >= TF32_SIZED:
             rec["variants"][n]["math"] = "tf32"
-    rec["sm_clock_mhz"] = device.sm_clock_mhz()  # right after the runs: the clock they ran at
+    rec["sm_clock_mhz"] = measure.sm_clock_mhz()  # right after the runs: the clock they ran at
     if rec["sm_clock_mhz"] is None:
         raise RuntimeError("the SM clock for the FFMA peak could not be measured (no GPU?)")
     return t

@@ -224,15 +224,17 @@ def patch_moments(shape_in: Sequence[int], k: int) -> Counts:
 P73_TRAIN_STRATEGIES = ("materialise", "recompute", "moments")
 
 
-def p73_fused_train(problem: Problem = P73_CONV_BN_SCALE, strategy: str = "materialise") -> Counts:
-    """Training mode, fused as far as the batch statistics allow.
+def p73_train_phases(problem: Problem = P73_CONV_BN_SCALE, strategy: str = "materialise") -> list[Counts]:
+    """Training mode, fused as far as the batch statistics allow, as the phases a grid-wide dependency
+    separates: no output can be normalised before every value of its channel has been seen, so a phase's
+    work cannot overlap the next one's, and the bounds of the phases add.
 
     ``materialise``: the conv writes its output and accumulates the statistics on the way, then an apply
     pass reads it back and writes y (in place). ``recompute``: a first conv pass only accumulates statistics, a
     second recomputes the conv and writes y — twice the FLOP, but the input (8× smaller) is read twice
     instead of the output. ``moments``: the batch mean and variance of each output channel follow from the
     input patches' mean and covariance (``patch_moments``: one read of the input, no conv), then one conv with
-    BN and the scale folded in writes y. All update the running statistics.
+    BN and the scale folded in writes y. All update the running statistics (in the last phase).
     """
     p = p73_parts(problem)
     c, numel = p["c_out"], math.prod(p["y"])
@@ -240,12 +242,26 @@ def p73_fused_train(problem: Problem = P73_CONV_BN_SCALE, strategy: str = "mater
     stats_flop, apply_flop = 3 * numel, 2 * numel
     running = Counts(0, F32 * 4 * c + 8, F32 * 2 * c + 8)  # γ, β, running stats; running stats + count
     if strategy == "materialise":
-        return conv_ + Counts(stats_flop + apply_flop, F32 * numel, F32 * numel) + running
+        return [conv_ + Counts(stats_flop, 0, 0), Counts(apply_flop, F32 * numel, F32 * numel) + running]
     if strategy == "recompute":
-        return conv_ + Counts(conv_.flop + stats_flop + apply_flop, conv_.read, 0, conv_.macs) + running
+        return [Counts(conv_.flop + stats_flop, conv_.read, 0, conv_.macs), conv_ + Counts(apply_flop, 0, 0) + running]
     if strategy == "moments":
-        return conv_ + patch_moments(p["x"], p["k"]) + running
+        return [patch_moments(p["x"], p["k"]), conv_ + running]
     raise ValueError(f"strategy must be one of {', '.join(map(repr, P73_TRAIN_STRATEGIES))}, got {strategy!r}")
+
+
+def p73_fused_train(problem: Problem = P73_CONV_BN_SCALE, strategy: str = "materialise") -> Counts:
+    """Training mode's total counts under ``strategy`` (``p73_train_phases`` summed)."""
+    return total(p73_train_phases(problem, strategy))
+
+
+def p73_train_counts(strategy: str, problem: Problem = P73_CONV_BN_SCALE) -> dict:
+    """A training variant's declared counts: the problem's FLOP (a convolution, the statistics and the
+    normalisation — what every variant is credited with, whatever extra work its design chooses), the
+    design's DRAM bytes, and the design's phases, whose bounds add (``phased_bound_ms``)."""
+    phases = p73_train_phases(problem, strategy)
+    return {"flop": p73_fused_train(problem, "materialise").flop, "bytes": total(phases).bytes,
+            "phases": [{"flop": c.flop, "bytes": c.bytes} for c in phases]}
 
 
 def p27_parts(problem: Problem = P27_CONV3D_GN_MEAN) -> dict:
@@ -303,6 +319,12 @@ def bound_ms(c: Counts, peak_flops: float, bandwidth: float) -> float:
     return 1e3 * max(c.flop / peak_flops, c.bytes / bandwidth)
 
 
+def phased_bound_ms(phases: Iterable[Counts], peak_flops: float, bandwidth: float) -> float:
+    """The lower bound of work done in phases that cannot overlap (a grid-wide dependency between them):
+    the sum of each phase's roofline bound, in ms — never less than the bound of their sum."""
+    return sum(bound_ms(c, peak_flops, bandwidth) for c in phases)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Every recorded variant, placed by its counts
 
@@ -316,6 +338,7 @@ class Placed:
     math: str
     provider: str
     role: str = ""
+    phases: tuple[Counts, ...] = ()  # where the chapter declared them: work that cannot overlap
 
 
 def placed(rec: dict) -> dict[str, Placed]:
@@ -331,8 +354,9 @@ def placed(rec: dict) -> dict[str, Placed]:
             continue
         write = int(c.get("write", 0))
         read = int(c["read"]) if "read" in c else int(c["bytes"]) - write
+        phases = tuple(Counts(int(q["flop"]), int(q["bytes"]), 0) for q in c.get("phases", ()))
         out[v] = Placed(Counts(int(c["flop"]), read, write), d.get("math", "fp32"), d["provider"],
-                        d.get("role", ""))
+                        d.get("role", ""), phases)
     return out
 
 
@@ -371,22 +395,21 @@ def points(records: Iterable[dict] | None = None):
             rows.append({"chapter": rec["chapter"], "variant": v, "provider": pl.provider,
                          "math": pl.math, "role": pl.role, "FLOP": c.flop, "bytes": c.bytes,
                          "FLOP/byte": c.intensity, "median_ms": t, "TFLOP/s": c.flop / (t * 1e-3) / 1e12,
-                         "GB/s": c.bytes / (t * 1e-3) / 1e9})
+                         "GB/s": c.bytes / (t * 1e-3) / 1e9, "phases": pl.phases or (c,)})
     cols = ["chapter", "variant", "provider", "math", "role", "FLOP", "bytes", "FLOP/byte", "median_ms",
-            "TFLOP/s", "GB/s"]
+            "TFLOP/s", "GB/s", "phases"]
     return pd.DataFrame(rows, columns=cols)
 
 
 def with_bounds(df, peak: dict[str, float], bandwidth: float):
-    """``points`` plus the roofline's lower bound per row (compute ceiling chosen by its ``math``) and
-    measured / bound: 1.0 would be a kernel on the roof."""
+    """``points`` plus the roofline's lower bound per row (compute ceiling chosen by its ``math``; summed over
+    the phases a variant declares) and measured / bound: 1.0 would be a kernel on the roof."""
     out = df.copy()
     peak = {"3xtf32": peak["tf32"] / 3, **peak} if "tf32" in peak else dict(peak)  # three TF32 products
     rates = [peak.get(m, peak["fp32"]) for m in out["math"]]  # an arithmetic without a rate: FP32's
-    out["bound_ms"] = [1e3 * max(f / p, b / bandwidth)
-                       for f, b, p in zip(out["FLOP"], out["bytes"], rates, strict=True)]
-    out["bound"] = ["compute" if f / p > b / bandwidth else "memory"
-                    for f, b, p in zip(out["FLOP"], out["bytes"], rates, strict=True)]
+    out["bound_ms"] = [phased_bound_ms(ph, p, bandwidth) for ph, p in zip(out["phases"], rates, strict=True)]
+    out["bound"] = [", then ".join(bound_by(c, p / bandwidth).removesuffix("-bound") for c in ph)  # per phase
+                    for ph, p in zip(out["phases"], rates, strict=True)]
     out["measured / bound"] = out["median_ms"] / out["bound_ms"]
     return out
 
