@@ -1,14 +1,20 @@
 // bn_stats.cuh — training-mode BatchNorm statistics, shared by chapter 1 (bn_train.cu), chapter 7's in-place
 // path (conv_bn_scale.cu) and the moments' fold (conv_moments.cuh): one definition of each step.
 //
+//   pivot      a value near each channel's mean, the same in every block of the channel: the mean of 32 of its
+//              values spread over the whole batch. Statistics summed about it do not lose digits to a mean
+//              that dwarfs the spread (Welford's mean errs by about u·|mean − pivot| instead of u·|mean|).
 //   finalize   batch mean and biased variance → the per-channel map y = (x − m)·a + b of BN followed by ·s:
 //                  m = mean,  a = γ·(1/√(var + ε))·s,  b = β·s          (in double; γ = 1, β = 0 when absent)
+//              m is kept as two floats, m_hi + m_lo: one float would round it by u·|m|, which is u·|m|/σ of
+//              the output's spread — a loss that grows with the mean over the spread.
 //   running    nn.BatchNorm2d's update of the running statistics, with momentum m or, for momentum None,
 //              the cumulative average m = 1/(num_batches_tracked + 1):
 //                  running ← (1 − m)·running + m·batch   (the mean; the *unbiased* variance)
-//   apply      the map per element: a subtraction and an FMA, fmaf(x − m, a, b) (subtracting first keeps the
-//              error relative to y, not to x, even when the mean dwarfs the spread), and the grid of the apply
-//              kernels: one block per (plane, tile of kBnThreads·kBnUnroll work items).
+//   apply      the map per element: two subtractions and an FMA, fmaf((x − m_hi) − m_lo, a, b) (x − m_hi is
+//              exact near the mean, so the error stays relative to y, not to x, even when the mean dwarfs the
+//              spread), and the grid of the apply kernels: one block per (plane, tile of kBnThreads·kBnUnroll
+//              work items).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +26,27 @@
 #include "welford.cuh"
 
 namespace kb {
+
+// ---- pivot ----------------------------------------------------------------------------------------------
+
+constexpr int kBnPivotSamples = 32;  // one per lane of a warp
+
+// The pivot of channel c of an (N, C, HW) tensor, computed by one warp (every lane gets it): the mean of
+// min(32, N·HW) values at evenly spaced positions of the channel, summed in a fixed order, so that every block
+// of the channel gets the same float.
+__device__ __forceinline__ float bn_pivot(const float* __restrict__ x, int64_t N, int64_t C, int64_t HW,
+                                          int64_t c) {
+    const int lane = threadIdx.x & 31;
+    const int64_t values = N * HW;
+    const int64_t k = values < kBnPivotSamples ? values : kBnPivotSamples;
+    float v = 0.f;
+    if (lane < k) {
+        const int64_t t = lane * values / k;  // position in the channel: sample t / HW, element t % HW
+        v = __ldg(x + (t / HW * C + c) * HW + t % HW);
+    }
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    return __shfl_sync(0xffffffffu, v, 0) / static_cast<float>(k);
+}
 
 // ---- finalize -------------------------------------------------------------------------------------------
 
@@ -51,8 +78,8 @@ __host__ __device__ __forceinline__ float bn_running(double m, float running, do
     return static_cast<float>((1.0 - m) * running + m * batch);
 }
 
-// Training-mode finalize of channel c from its merged Welford state (in double): the map into mab ([3·C]: all
-// m, then all a, then all b) and, when running_mean is given, the running statistics updated in place.
+// Training-mode finalize of channel c from its merged Welford state (in double): the map into mab ([4·C]: all
+// m_hi, all m_lo, all a, all b) and, when running_mean is given, the running statistics updated in place.
 // Returns the biased batch variance.
 __device__ __forceinline__ double bn_finish_channel(const Welford<double>& tot, int64_t c, int64_t C, float* mab,
                                                     const float* gamma, const float* beta, float* running_mean,
@@ -60,9 +87,11 @@ __device__ __forceinline__ double bn_finish_channel(const Welford<double>& tot, 
                                                     float momentum, float eps, float scale) {
     const double var = tot.m2 / tot.n;  // biased: normalises this batch
     const BnMap map = bn_map(tot.mean, var, eps, gamma, beta, c, scale);
-    mab[c] = static_cast<float>(map.m);
-    mab[C + c] = static_cast<float>(map.a);
-    mab[2 * C + c] = static_cast<float>(map.b);
+    const float m_hi = static_cast<float>(map.m);
+    mab[c] = m_hi;
+    mab[C + c] = static_cast<float>(map.m - static_cast<double>(m_hi));  // m_lo: what m_hi rounded off
+    mab[2 * C + c] = static_cast<float>(map.a);
+    mab[3 * C + c] = static_cast<float>(map.b);
     if (running_mean) {
         const double m = bn_running_weight(momentum, num_batches_tracked);
         const double var_unbiased = tot.m2 / (tot.n - 1.0);  // updates the running estimate
@@ -81,10 +110,18 @@ template <int V> struct Vec;
 template <> struct Vec<4> { using T = float4; };
 template <> struct Vec<1> { using T = float; };
 
-__device__ __forceinline__ float4 normalise(float4 v, float m, float a, float b) {
-    return make_float4(fmaf(v.x - m, a, b), fmaf(v.y - m, a, b), fmaf(v.z - m, a, b), fmaf(v.w - m, a, b));
+// The map's four floats for one channel, read from mab [4·C].
+struct BnApply {
+    float m_hi, m_lo, a, b;
+};
+__device__ __forceinline__ BnApply bn_apply_of(const float* mab, int64_t C, int64_t c) {
+    return BnApply{mab[c], mab[C + c], mab[2 * C + c], mab[3 * C + c]};
 }
-__device__ __forceinline__ float normalise(float v, float m, float a, float b) { return fmaf(v - m, a, b); }
+
+__device__ __forceinline__ float normalise(float v, const BnApply& m) { return fmaf((v - m.m_hi) - m.m_lo, m.a, m.b); }
+__device__ __forceinline__ float4 normalise(float4 v, const BnApply& m) {
+    return make_float4(normalise(v.x, m), normalise(v.y, m), normalise(v.z, m), normalise(v.w, m));
+}
 
 inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 

@@ -82,7 +82,7 @@ std::vector<torch::Tensor> bn_scale_train(const torch::Tensor& x, const std::opt
     const int splits = bn_train_splits(N, C, HW, sms * per_sm);
     const auto fopts = x.options();
     torch::Tensor stats = torch::empty({2, C}, fopts);                       // mean, biased variance
-    torch::Tensor mab = torch::empty({3, C}, fopts);                         // per channel: y = (x − m)·a + b
+    torch::Tensor mab = torch::empty({4, C}, fopts);  // per channel: y = ((x − m_hi) − m_lo)·a + b
     torch::Tensor partial = torch::empty({bn_train_partial_floats(C, splits)}, fopts);
     torch::Tensor arrivals = torch::zeros({C}, fopts.dtype(torch::kInt32));  // counted up by the stats kernel
 

@@ -59,7 +59,7 @@ struct Params {
     int64_t* num_batches_tracked;  // or null
     float* mean_out;            // [C] batch mean (training), for the caller
     float* var_out;             // [C] biased batch variance (training)
-    float* mab;                 // [3C] workspace: m, a, b per channel (see the top of the file)
+    float* mab;                 // [4C] workspace: m_hi, m_lo, a, b per channel (bn_stats.cuh)
     kb::Welford<float>* partial;// [C * splits] workspace: one state per stats block
     unsigned* arrivals;         // [C] counters, zeroed by the caller: stats blocks of each channel done
     int64_t N, C, HW;
@@ -74,7 +74,14 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
     using VT = typename Vec<V>::T;
     __shared__ kb::Welford<float> scratch[kThreads / 32];
     __shared__ bool last;
+    __shared__ float pivot_s;
     const int c = blockIdx.x;
+    if (threadIdx.x < 32) {  // warp 0: the channel's pivot (the same in every block of the channel)
+        const float pv = kb::bn_pivot(p.x, p.N, p.C, p.HW, c);
+        if (threadIdx.x == 0) pivot_s = pv;
+    }
+    __syncthreads();
+    const float pivot = pivot_s;
     const int s = blockIdx.y;
     const int64_t items_per_plane = p.HW / V;
     const int64_t items = p.N * items_per_plane;
@@ -103,6 +110,8 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
                 if (w >= items_per_plane) { w -= items_per_plane; ++n; }
             }
         }
+#pragma unroll
+        for (int i = 0; i < kUnroll * V; ++i) v[i] -= pivot;  // exact near the pivot (Sterbenz)
         kb::welford_merge(st, kb::welford_of(v, k));
     }
     st = kb::welford_block_reduce(st, scratch);
@@ -127,6 +136,7 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
     }
     tot = kb::welford_warp_reduce(tot);
     if (threadIdx.x != 0) return;
+    tot.mean += static_cast<double>(pivot);  // the states were about the pivot; M2 does not depend on it
     // end excerpt: last_block
 
     // The map, the running statistics (bn_stats.cuh), and the batch's mean and biased variance for the caller.
@@ -136,23 +146,20 @@ __global__ void __launch_bounds__(kThreads) bn_stats_kernel(Params p) {
     p.var_out[c] = static_cast<float>(var);
 }
 
-// y = (x − m[c])·a[c] + b[c] over plane (n, c) = blockIdx.x, tile blockIdx.y of kThreads·kUnroll items.
+// y = ((x − m_hi[c]) − m_lo[c])·a[c] + b[c] over plane (n, c) = blockIdx.x, tile blockIdx.y of kThreads·kUnroll
+// items.
 template <int V, bool kEval>
 __global__ void __launch_bounds__(kThreads) bn_apply_kernel(Params p) {
     using VT = typename Vec<V>::T;
     const int64_t plane = blockIdx.x;
     const int c = static_cast<int>(plane % p.C);
-    float m, a, b;
-    if (kEval) {  // from the running statistics (a handful of loads per block)
+    kb::BnApply map;
+    if (kEval) {  // from the running statistics (a handful of loads per block); a float mean is exact
         const float g = p.weight ? p.weight[c] : 1.f;
         const float be = p.bias ? p.bias[c] : 0.f;
-        m = p.running_mean[c];
-        a = g * p.scale / sqrtf(p.running_var[c] + p.eps);
-        b = be * p.scale;
+        map = kb::BnApply{p.running_mean[c], 0.f, g * p.scale / sqrtf(p.running_var[c] + p.eps), be * p.scale};
     } else {
-        m = p.mab[c];
-        a = p.mab[p.C + c];
-        b = p.mab[2 * p.C + c];
+        map = kb::bn_apply_of(p.mab, p.C, c);
         if (plane == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked)
             *p.num_batches_tracked += 1;  // after every stats block has read it (stream order)
     }
@@ -170,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) bn_apply_kernel(Params p) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = base + u * kThreads;
-        if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+        if (i < items_per_plane) y[i] = normalise(v[u], map);
     }
     // end excerpt: apply
 }
@@ -257,7 +264,7 @@ int64_t bn_train_partial_floats(int64_t C, int splits) {
     return C * splits * static_cast<int64_t>(sizeof(kb::Welford<float>) / sizeof(float));
 }
 
-// Training-mode forward. Workspaces: partial [C·splits] states, mab [3C], arrivals [C] zeroed.
+// Training-mode forward. Workspaces: partial [C·splits] states, mab [4C], arrivals [C] zeroed.
 cudaError_t launch_bn_scale_train(const float* x, float* y, const float* weight, const float* bias,
                                   float* running_mean, float* running_var, int64_t* num_batches_tracked,
                                   float* mean_out, float* var_out, float* mab, void* partial, unsigned* arrivals,

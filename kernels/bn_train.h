@@ -7,7 +7,7 @@
 // Training-mode forward of y = BatchNorm2d(x)·scale, NCHW float32 (x: N×C×HW): batch statistics, the running
 // statistics updated in place (momentum < 0: None, the cumulative average; running_mean, running_var and
 // num_batches_tracked all null when not tracked), mean_out / var_out [C] the batch mean and biased variance.
-// Workspaces: partial (bn_train_partial_floats floats), mab [3C] floats, arrivals [C] zeroed.
+// Workspaces: partial (bn_train_partial_floats floats), mab [4C] floats, arrivals [C] zeroed.
 cudaError_t launch_bn_scale_train(const float* x, float* y, const float* weight, const float* bias,
                                   float* running_mean, float* running_var, int64_t* num_batches_tracked,
                                   float* mean_out, float* var_out, float* mab, void* partial, unsigned* arrivals,

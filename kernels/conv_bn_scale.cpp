@@ -171,7 +171,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
         torch::Tensor w_fold = torch::empty_like(conv_w);
         torch::Tensor b_fold = torch::empty({C}, fopts);
         torch::Tensor staged = torch::empty({2, C}, fopts);           // the moments' new running statistics
-        torch::Tensor mab = torch::empty({3, C}, fopts);              // the in-place path's per-channel map
+        torch::Tensor mab = torch::empty({4, C}, fopts);              // the in-place path's per-channel map
         torch::Tensor partial = torch::empty({C * slots * 3}, fopts);  // its Welford states
         kb::check_launch(
             launch_cbs_train_auto(
@@ -206,7 +206,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     kb::check_cuda(cbs_train_slots(N, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
                                    static_cast<int>(x.size(3)), static_cast<int>(C), &slots),
                    op, "sizing the grid");
-    torch::Tensor mab = torch::empty({3, C}, fopts);                         // per channel: y ← (y − m)·a + b
+    torch::Tensor mab = torch::empty({4, C}, fopts);  // per channel: y ← ((y − m_hi) − m_lo)·a + b
     torch::Tensor partial = torch::empty({C * slots * 3}, fopts);            // Welford states (n, mean, M2)
     torch::Tensor arrivals = torch::zeros({1}, fopts.dtype(torch::kInt32));  // blocks done, counted by the kernel
     kb::check_launch(

@@ -94,7 +94,7 @@ struct Shape {
 struct Stats {
     kb::Welford<float>* partial;   // [C_out][slots], slot = block·WROWS + warp row
     unsigned* arrivals;            // one counter, zeroed by the caller
-    float* mab;                    // [3·C_out]: m, a, b of y ← (y − m)·a + b
+    float* mab;                    // [4·C_out]: m_hi, m_lo, a, b of y ← ((y − m_hi) − m_lo)·a + b
     const float* gamma;            // or null (γ = 1)
     const float* beta;             // or null (β = 0)
     float* running_mean;           // or null (no running statistics)
@@ -491,7 +491,7 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
     return cudaGetLastError();
 }
 
-// y ← (y − m[c])·a[c] + b[c] in place over chapter 1's apply work items (bn_stats.cuh's grid),
+// y ← ((y − m_hi[c]) − m_lo[c])·a[c] + b[c] in place over chapter 1's apply work items (bn_stats.cuh's grid),
 // (plane (n, c), tile) = item / tiles, item % tiles, walked by a grid of at most kApplyBlocksPerSM blocks per
 // SM (so that a launch the guard turns away costs a few hundred empty blocks, not one per item), and the batch
 // counted (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
@@ -504,7 +504,7 @@ constexpr int kUnroll = kb::kBnUnroll;
 using kb::normalise;
 using kb::Vec;
 
-// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map mab [3·C] (m, a, b).
+// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map mab [4·C] (bn_stats.cuh).
 struct Apply {
     float* y;
     const float* mab;
@@ -522,7 +522,7 @@ __global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Apply p, int64_
     for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
         const int64_t plane = item / tiles;
         const int c = static_cast<int>(plane % p.C);
-        const float m = p.mab[c], a = p.mab[p.C + c], b = p.mab[2 * p.C + c];
+        const kb::BnApply map = kb::bn_apply_of(p.mab, p.C, c);
         VT* y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
         const int64_t base = (item % tiles) * kThreads * kUnroll + threadIdx.x;
         VT v[kUnroll];
@@ -534,7 +534,7 @@ __global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Apply p, int64_
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int64_t i = base + u * kThreads;
-            if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+            if (i < items_per_plane) y[i] = normalise(v[u], map);
         }
     }
 }

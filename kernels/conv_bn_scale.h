@@ -19,7 +19,7 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
                             int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
-// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1]
+// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [4·C_out], arrivals [1]
 // zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,

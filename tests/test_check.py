@@ -78,6 +78,18 @@ def test_normalisation_tol_grows_with_mean_over_spread():
     assert shifted > 1e-4  # |μ|/σ ≈ 3500
 
 
+def test_the_pivoted_tolerance_does_not_grow_with_the_mean():
+    """Statistics summed about a pivot err by u·|μ − p|: the same tolerance for x and x + 1000."""
+    x = check.rand([4, 3, 8, 8], seed=1)
+    p = check.batchnorm_pivots(x)
+    spread = range(0, 4 * 64, 8)  # the 32 positions: every 8th of a channel's 256 values
+    assert torch.allclose(p, x.double().permute(1, 0, 2, 3).reshape(3, -1)[:, list(spread)].mean(dim=1))
+    base, shifted = check.pivoted_normalisation_tol(x), check.pivoted_normalisation_tol(x + 1000)
+    assert 1e-6 <= base < 2e-6 and abs(shifted / base - 1) < 1e-3
+    tiny = torch.tensor([[[[3.0]], [[5.0]]], [[[4.0]], [[7.0]]]])  # (2, 2, 1, 1): the pivot is each channel's mean
+    assert torch.allclose(check.batchnorm_pivots(tiny), torch.tensor([3.5, 6.0], dtype=torch.float64))
+
+
 def test_special_values_in_the_reference_must_be_matched():
     ref = torch.tensor([1.0, float("nan"), float("inf")], dtype=torch.float64)
     assert check.report(torch.tensor([1.0, float("nan"), float("inf")]), ref, tol=0.0)["passed"]

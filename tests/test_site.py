@@ -317,8 +317,9 @@ async () => {
       }
     }
     return {
-      where: `${section(t)}${t.className ? ' table.' + t.classList[0] : ''}`, head: head.slice(0, 4), columns: head.length,
-      width: Math.round(Math.max(tr.width, t.scrollWidth)), box: describe(box).split(' "')[0], box_width: box.clientWidth,
+      where: `${section(t)}${t.className ? ' table.' + t.classList[0] : ''}`,
+      head: head.slice(0, 4), columns: head.length, width: Math.round(Math.max(tr.width, t.scrollWidth)),
+      box: describe(box).split(' "')[0], box_width: box.clientWidth,
       overflows: tr.left < boxLeft - 1 || tr.right > boxRight + 1 || t.scrollWidth > t.clientWidth + 1,
       scrollbar: /auto|scroll/.test(overflowX) && box.scrollWidth > box.clientWidth + 1,
       index_columns: index,
@@ -340,9 +341,8 @@ async () => {
     const w = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
     for (let n = w.nextNode(); n; n = w.nextNode()) {
       const el = n.parentElement;
-      if (!el || el.closest(leaveOut) || (el.closest('.cell_output') && !el.closest('.text_markdown')) || !visible(el)) {
-        continue;
-      }
+      const output = el && el.closest('.cell_output') && !el.closest('.text_markdown');
+      if (!el || output || el.closest(leaveOut) || !visible(el)) continue;
       const block = el.closest(blockSel) || article;
       if (block !== last) { blocks.push([section(el), '']); last = block; }
       blocks[blocks.length - 1][1] += n.textContent;
@@ -393,7 +393,8 @@ async () => {
     .filter(i => !(i.naturalWidth && i.naturalWidth <= 32 && i.naturalHeight <= 32)).map(figureReport);
   const blocks = proseBlocks();
   const gutters = Array.from(article.querySelectorAll('pre, table.highlighttable'))
-    .filter(b => b.querySelector('.linenos') && !(b.tagName === 'PRE' && b.closest('table.highlighttable')) && visible(b))
+    .filter(b => !(b.tagName === 'PRE' && b.closest('table.highlighttable')))
+    .filter(b => b.querySelector('.linenos') && visible(b))
     .map(gutterReport);
   closeAll();
   await frames();
@@ -617,9 +618,59 @@ def html_tables(text: str) -> list[list[list[str]]]:
 
 # ----------------------------------------------------------------------------------------------- tests
 
+def screenshot_path(site: Path, page: str) -> Path:
+    """Where the screenshot of ``page``'s first screen is kept: ``<build>/screenshots/``."""
+    return site.parent / "screenshots" / (page.replace("/", "__").removesuffix(".html") + ".png")
+
+
+def render_site(driver, site: Path) -> dict:
+    """Every page of ``site`` opened in the browser: {relative path: report}; screenshots saved beside it.
+
+    A page the browser cannot finish (a hang, a crash) becomes a report naming the failure, and the
+    next page gets a fresh browser, so one bad page does not hide the state of the others.
+    """
+    out = {}
+    exe = need_chromium()
+    b = Browser(driver, exe)
+    try:
+        with serve(site) as (base, statuses):
+            for page in pages(site):
+                rel = page.relative_to(site).as_posix()
+                target = redirect_target(page)
+                if target is not None:  # rendering it would race its own redirect: check where it points
+                    out[rel] = {"redirect": target, "target_exists": (page.parent / target).is_file()}
+                    continue
+                try:
+                    out[rel] = b.open(f"{base}/{rel}")
+                    b.screenshot(screenshot_path(site, rel))
+                except Exception as e:  # reported as the page's problem below
+                    out[rel] = {"status": None, "external": sorted(set(b.external)), "failed_responses": [],
+                                "images": [], "math": 0, "math_unrendered": [], "raw_math": [], "js_errors": [],
+                                "errors": [f"the browser could not render the page: {type(e).__name__}: {e}"]}
+                    b.close()
+                    b = Browser(driver, exe)
+            out["_server"] = {"statuses": list(statuses)}
+    finally:
+        b.close()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- tests
+
+@pytest.fixture(scope="session")
+def driver():
+    """Playwright's driver (one per session: the sync API allows one at a time), Chromium installed."""
+    need_chromium()
+    from playwright.sync_api import sync_playwright  # in requirements-dev.txt
+
+    pw = sync_playwright().start()
+    yield pw
+    pw.stop()
+
+
 @pytest.fixture(scope="module")
-def browser():
-    b = Browser(need_chromium())
+def browser(driver):
+    b = Browser(driver, need_chromium())
     yield b
     b.close()
 
@@ -633,37 +684,9 @@ def site(request, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def rendered(site):
-    """Every page opened in the browser: {relative path: report}; screenshots saved beside the site.
-
-    A page the browser cannot finish (a hang, a crash) becomes a report naming the failure, and the
-    next page gets a fresh browser, so one bad page does not hide the state of the others.
-    """
-    shots = site.parent / "screenshots"
-    out = {}
-    exe = need_chromium()
-    b = Browser(exe)
-    try:
-        with serve(site) as (base, statuses):
-            for page in pages(site):
-                rel = page.relative_to(site).as_posix()
-                target = redirect_target(page)
-                if target is not None:  # rendering it would race its own redirect: check where it points
-                    out[rel] = {"redirect": target, "target_exists": (page.parent / target).is_file()}
-                    continue
-                try:
-                    out[rel] = b.open(f"{base}/{rel}")
-                    b.screenshot(shots / (rel.replace("/", "__").removesuffix(".html") + ".png"))
-                except Exception as e:  # reported as the page's problem below
-                    out[rel] = {"status": None, "external": sorted(set(b.external)), "failed_responses": [],
-                                "images": [], "math": 0, "math_unrendered": [], "raw_math": [], "js_errors": [],
-                                "errors": [f"the browser could not render the page: {type(e).__name__}: {e}"]}
-                    b.close()
-                    b = Browser(exe)
-            out["_server"] = {"statuses": list(statuses)}
-    finally:
-        b.close()
-    return out
+def rendered(driver, site):
+    """Every page opened in the browser (see render_site)."""
+    return render_site(driver, site)
 
 
 @pytest.mark.book
@@ -696,7 +719,7 @@ def test_chapters_have_images_and_screenshots(rendered, site):
     assert chapters
     for page in chapters:
         assert rendered[page]["images"], f"{page} shows no figure"
-        shot = site.parent / "screenshots" / (page.replace("/", "__").removesuffix(".html") + ".png")
+        shot = screenshot_path(site, page)
         assert shot.is_file() and shot.stat().st_size > 10_000, f"no screenshot of {page}"
 
 
@@ -740,36 +763,36 @@ def test_every_chapter_in_the_toc_is_required():
 def test_search_works_offline(site, browser):
     with serve(site) as (base, _):
         browser.open(f"{base}/search.html?q=warp")
-        hits = browser.evaluate("""(async () => {
+        hits = browser.evaluate("""async () => {
             for (let i = 0; i < 100; i++) {
               const n = document.querySelectorAll('#search-results li').length;
               if (n) return n;
               await new Promise(r => setTimeout(r, 100));
             }
-            return 0; })()""")
+            return 0; }""")
     assert hits > 0, "the site's search found nothing for 'warp'"
 
 
-def test_a_request_to_another_host_fails_the_check(tmp_path):
-    """The check is not vacuous: a page that pulls a script, a font and an image from elsewhere fails it,
-    and nothing reaches those hosts (requests are refused in the browser)."""
+def test_a_request_to_another_host_fails_the_check(tmp_path, driver):
+    """The check is not vacuous: a page that pulls a script, a font and an image from elsewhere (and opens a
+    websocket there) fails it, and nothing reaches those hosts (requests are refused in the browser)."""
     (tmp_path / "page.html").write_text(
         "<!doctype html><html><head>"
         '<script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"></script>'
         '<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Lato">'
         '</head><body><p>Inline math $x^2$ left raw.</p><img src="http://example.com/plot.png">'
-        '<img src="local.png"></body></html>')
+        '<img src="local.png"><script>new WebSocket("wss://example.com/socket")</script></body></html>')
     (tmp_path / "local.png").write_bytes(base64.b64decode(
         "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="))
-    b = Browser(need_chromium())
+    b = Browser(driver, need_chromium())
     try:
         with serve(tmp_path) as (base, _):
             report = b.open(f"{base}/page.html")
     finally:
         b.close()
     found = problems(report)
-    assert {"https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js", "http://example.com/plot.png"} <= set(
-        report["external"]), report["external"]
+    assert {"https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js", "http://example.com/plot.png",
+            "wss://example.com/socket"} <= set(report["external"]), report["external"]
     assert any(f.startswith("request to a non-local host") for f in found)
     assert any(f.startswith("image did not load: http://example.com/") for f in found)
     assert not any("local.png" in f for f in found), "the local image loaded"
@@ -824,3 +847,105 @@ def test_every_page_fits_its_height_budget(rendered):
     """A chapter reads in one sitting: its height at 1280 px wide, dropdowns closed, within budget."""
     over = {p: r["height"] for p, r in rendered.items() if "height" in r and r["height"] > budget(p)}
     assert not over, f"pages taller than their budget ({HEIGHT_BUDGET:,} px, capstones {CAPSTONE_BUDGET:,}): {over}"
+
+
+@pytest.mark.book
+def test_every_page_fits_its_height_budget_with_every_dropdown_open(rendered):
+    """A reader who opens every dropdown, code toggle and hidden output still gets a bounded page."""
+    over = "\n".join(f"{p}: {r['height_opened']:,} px (budget {opened_budget(p):,})" for p, r in each_page(rendered)
+                     if "height_opened" in r and r["height_opened"] > opened_budget(p))
+    assert not over, (f"pages taller than their budget with every dropdown open ({OPENED_BUDGET:,} px, capstones "
+                      f"{CAPSTONE_OPENED_BUDGET:,}):\n{over}")
+
+
+@pytest.mark.book
+def test_no_page_is_wider_than_the_window(rendered):
+    """Nothing makes a page scroll sideways at 1280 px, dropdowns closed or open."""
+    bad = offenders(rendered, page_width)
+    assert not bad, f"pages wider than the {PAGE_WIDTH} px window:\n{bad}"
+
+
+@pytest.mark.book
+def test_no_table_overflows_its_box(rendered):
+    """Every table (those in dropdowns too, opened) fits the box it is seen through, or that box scrolls."""
+    bad = offenders(rendered, table_overflow)
+    assert not bad, f"tables wider than their box, with no scrollbar to reach the rest:\n{bad}"
+
+
+@pytest.mark.book
+def test_no_table_shows_a_pandas_index(rendered):
+    """A DataFrame's row numbers are no information: a table does not show them as a column."""
+    bad = offenders(rendered, pandas_index)
+    assert not bad, f"tables showing a leftover pandas index:\n{bad}"
+
+
+@pytest.mark.book
+def test_every_figure_has_alt_text_and_a_caption(rendered):
+    """Every image of a chapter says what it shows (alt text) and sits in a figure with a visible caption."""
+    bad = offenders(rendered, figure_problems, chapters_only=True)
+    assert not bad, f"figures without a description or a caption:\n{bad}"
+
+
+@pytest.mark.book
+def test_no_internal_wording_in_the_prose(rendered):
+    """The prose is written for the reader: no project-schedule wording (INTERNAL_WORDING)."""
+    bad = offenders(rendered, internal_wording)
+    assert not bad, f"project-schedule wording in the prose:\n{bad}"
+
+
+@pytest.mark.book
+def test_wrapped_code_lines_stay_clear_of_the_line_numbers(rendered):
+    """A long code line that wraps continues right of the line numbers, not under them."""
+    bad = offenders(rendered, gutter_problems)
+    assert not bad, f"code whose wrapped lines run under the line numbers:\n{bad}"
+
+
+LAYOUT_SAMPLE = """<!doctype html><html><head><style>
+  body { margin: 0; } article { width: 700px; margin-left: 40px; }
+  .scroll { overflow-x: auto; } pre { white-space: pre-wrap; width: 300px; font: 12px monospace; }
+  .linenos { margin-right: 1em; }
+</style></head><body><article>
+<section id="good">
+  <h2>Good</h2><p>Prose without schedule words: a kernel at 0xdeadbeef7 and 16777216 floats.</p>
+  <figure><img src="plot.png" alt="Time against size, two curves"><figcaption>Time against size.</figcaption></figure>
+  <div class="scroll"><table><tr><th>wide</th></tr><tr><td style="min-width: 900px">scrolls</td></tr></table></div>
+  <table><thead><tr><th></th><th>value</th></tr></thead><tbody><tr><th>eval</th><td>1</td></tr></tbody></table>
+  <pre><span class="linenos">1</span>short line</pre>
+</section>
+<section id="bad">
+  <h2>Bad</h2><p>We missed our target; see notes/plan.md, issue #12 and commit 3fa9c21e. TODO: shorten.</p>
+  <img src="../_images/0123456789abcdef0123.png" alt="../_images/0123456789abcdef0123.png">
+  <table><thead><tr><th>spills</th></tr></thead><tbody><tr><td style="min-width: 900px">x</td></tr></tbody></table>
+  <table><thead><tr><th></th><th>ms</th></tr></thead><tbody><tr><th>2</th><td>0.1</td></tr>
+    <tr><th>0</th><td>0.2</td></tr><tr><th>1</th><td>0.3</td></tr></tbody></table>
+  <details><summary>More</summary><div style="height: 40000px"></div>
+    <pre><span class="linenos">7</span>a_long_identifier_that_wraps + another_long_identifier_that_wraps_too</pre>
+    <div style="width: 1500px">wide</div></details>
+</section></article></body></html>"""
+
+
+def test_the_layout_checks_find_what_they_name(tmp_path, driver):
+    """Each layout check, on a page built to fail it in one section and pass it in the other, names only the
+    bad section's elements (the checks are not vacuous, and do not flag what is fine)."""
+    (tmp_path / "page.html").write_text(LAYOUT_SAMPLE)
+    (tmp_path / "plot.png").write_bytes(base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="))
+    (tmp_path / "0123456789abcdef0123.png").write_bytes((tmp_path / "plot.png").read_bytes())
+    b = Browser(driver, need_chromium())
+    try:
+        with serve(tmp_path) as (base, _):
+            r = b.open(f"{base}/page.html")
+    finally:
+        b.close()
+    assert r["height"] < 2000 < 40_000 < r["height_opened"], (r["height"], r["height_opened"])
+    assert r["page_width"]["closed"]["width"] <= PAGE_WIDTH < r["page_width"]["opened"]["width"]
+    assert page_width(r) and all("dropdowns opened" in p and "#bad" in p for p in page_width(r)), page_width(r)
+    for check, n in [(table_overflow, 1), (pandas_index, 1), (figure_problems, 2), (gutter_problems, 1)]:
+        found = check(r)
+        assert len(found) == n and all("#bad" in f or "More" in f for f in found), (check.__name__, found)
+    assert "column 1" in pandas_index(r)[0] and "['2', '0', '1']" in pandas_index(r)[0]
+    assert "7 at" in gutter_problems(r)[0]
+    words = internal_wording(r)
+    assert sorted(w.split(" in ")[0] for w in words) == sorted(repr(k) for k in
+        ["missed", "our target", "notes/", "issue #", "commit hash", "TODO"]), words
+    assert all("#bad" in w for w in words) and "3fa9c21e" in " ".join(words)

@@ -73,6 +73,29 @@ def normalisation_tol(x: torch.Tensor, dims: Sequence[int], k: float = 8.0, floo
     return max(floor, k * FP32_UNIT_ROUNDOFF * (1.0 + float((mu.abs() / sd).max())))
 
 
+def batchnorm_pivots(x: torch.Tensor, samples: int = 32) -> torch.Tensor:
+    """The per-channel pivots the book's BatchNorm statistics kernel sums about (kernels/bn_stats.cuh): for an
+    (N, C, H, W) tensor, the mean of min(32, N·H·W) values of each channel at evenly spaced positions."""
+    n, c = x.shape[:2]
+    hw = x[0, 0].numel()
+    values = n * hw
+    k = min(samples, values)
+    t = torch.arange(k, device=x.device) * values // k  # position in the channel: sample t // hw, element t % hw
+    flat = x.detach().reshape(n, c, hw).to(torch.float64)
+    return flat[t // hw, :, t % hw].mean(dim=0)
+
+
+def pivoted_normalisation_tol(x: torch.Tensor, k: float = 8.0, floor: float = 1e-6) -> float:
+    """Tolerance for a batch norm (over N, H, W) whose statistics are summed about a pivot near each channel's
+    mean and whose mean is applied as two floats (kernels/bn_stats.cuh): the statistics err by about
+    u·|μ − p| rather than u·|μ|, so k roundings of u·(1 + |μ − p|/σ) for the worst channel — a tolerance
+    that does not grow with the mean over the spread. Never less than ``floor``."""
+    x64 = x.detach().to(torch.float64)
+    mu = x64.mean(dim=(0, 2, 3))
+    sd = x64.std(dim=(0, 2, 3), unbiased=False).clamp_min(torch.finfo(torch.float64).tiny)
+    return max(floor, k * FP32_UNIT_ROUNDOFF * (1.0 + float(((mu - batchnorm_pivots(x)).abs() / sd).max())))
+
+
 def dot_tol(terms: int, abs_ref: torch.Tensor, ref: torch.Tensor, floor: float = 1e-6) -> float:
     """Tolerance for float32 sums of ``terms`` products (a convolution, a matmul), from Higham's bound.
 
