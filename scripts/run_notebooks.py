@@ -58,11 +58,27 @@ def main() -> int:
             status = "FAILED"
             failed.append(p.stem)
             print(str(e)[-4000:], file=sys.stderr)
-        print(f"{p.stem}: {status} in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"{p.stem}: {status} in {time.perf_counter() - t0:.0f} s; slowest cells: {slowest(nb)}", flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, args.out / p.name)
     return 1 if failed else 0
+
+
+def slowest(nb, n: int = 3) -> str:
+    """The n cells that took longest, from the timing nbclient records in each cell's metadata."""
+    from datetime import datetime
+
+    def seconds(cell) -> float:
+        t = cell.get("metadata", {}).get("execution", {})
+        start, end = t.get("iopub.execute_input"), t.get("shell.execute_reply")
+        if not (start and end):
+            return 0.0
+        return (datetime.fromisoformat(end.replace("Z", "+00:00"))
+                - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+
+    cells = sorted(((seconds(c), c.get("id", "?")) for c in nb.cells if c.cell_type == "code"), reverse=True)
+    return ", ".join(f"{cid} {s:.0f} s" for s, cid in cells[:n]) or "none timed"
 
 
 if __name__ == "__main__":
