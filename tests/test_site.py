@@ -136,9 +136,8 @@ class Browser:
     def _route_web_socket(self, ws) -> None:
         if is_local(ws.url):
             ws.connect_to_server()
-        else:
+        else:  # left unconnected: the page talks to no server at all
             self.external.append(ws.url)
-            ws.close()
 
     def evaluate(self, function: str, timeout: float = PAGE_SECONDS):
         """The value of an (async) JavaScript function run in the page; an error if it takes over ``timeout`` s."""
@@ -236,11 +235,11 @@ async () => {
   // ---- helpers of the layout checks
   const oneLine = (s, n) => (s || '').replace(/\s+/g, ' ').trim().slice(0, n);
   const section = (e) => { const s = e.closest('section[id]'); return s ? '#' + s.id : '(top)'; };
+  const tag = (e) => `<${e.tagName.toLowerCase()}${e.id ? '#' + e.id : ''}` +
+    Array.from(e.classList).slice(0, 2).map(c => '.' + c).join('') + '>';
   const describe = (e) => {
-    const cls = Array.from(e.classList).slice(0, 2).map(c => '.' + c).join('');
     const words = oneLine(e.innerText || e.textContent, 40);
-    return `<${e.tagName.toLowerCase()}${e.id ? '#' + e.id : ''}${cls}>` + (words ? ` "${words}"` : '') +
-      ` in ${section(e)}`;
+    return tag(e) + (words ? ` "${words}"` : '') + ` in ${section(e)}`;
   };
   const pageHeight = () => Math.max(document.documentElement.scrollHeight, document.body.scrollHeight);
   // The page's scroll width and, when it is wider than the window, the outermost element reaching
@@ -319,7 +318,7 @@ async () => {
     return {
       where: `${section(t)}${t.className ? ' table.' + t.classList[0] : ''}`,
       head: head.slice(0, 4), columns: head.length, width: Math.round(Math.max(tr.width, t.scrollWidth)),
-      box: describe(box).split(' "')[0], box_width: box.clientWidth,
+      box: tag(box), box_width: box.clientWidth,
       overflows: tr.left < boxLeft - 1 || tr.right > boxRight + 1 || t.scrollWidth > t.clientWidth + 1,
       scrollbar: /auto|scroll/.test(overflowX) && box.scrollWidth > box.clientWidth + 1,
       index_columns: index,
