@@ -73,14 +73,20 @@ CUDA_SRC = r'''
 // bn_stats.cuh — training-mode BatchNorm statistics, shared by chapter 1 (bn_train.cu), chapter 7's in-place
 // path (conv_bn_scale.cu) and the moments' fold (conv_moments.cuh): one definition of each step.
 //
+//   pivot      a value near each channel's mean, the same in every block of the channel: the mean of 32 of its
+//              values spread over the whole batch. Statistics summed about it do not lose digits to a mean
+//              that dwarfs the spread (Welford's mean errs by about u·|mean − pivot| instead of u·|mean|).
 //   finalize   batch mean and biased variance → the per-channel map y = (x − m)·a + b of BN followed by ·s:
 //                  m = mean,  a = γ·(1/√(var + ε))·s,  b = β·s          (in double; γ = 1, β = 0 when absent)
+//              m is kept as two floats, m_hi + m_lo: one float would round it by u·|m|, which is u·|m|/σ of
+//              the output's spread — a loss that grows with the mean over the spread.
 //   running    nn.BatchNorm2d's update of the running statistics, with momentum m or, for momentum None,
 //              the cumulative average m = 1/(num_batches_tracked + 1):
 //                  running ← (1 − m)·running + m·batch   (the mean; the *unbiased* variance)
-//   apply      the map per element: a subtraction and an FMA, fmaf(x − m, a, b) (subtracting first keeps the
-//              error relative to y, not to x, even when the mean dwarfs the spread), and the grid of the apply
-//              kernels: one block per (plane, tile of kBnThreads·kBnUnroll work items).
+//   apply      the map per element: two subtractions and an FMA, fmaf((x − m_hi) − m_lo, a, b) (x − m_hi is
+//              exact near the mean, so the error stays relative to y, not to x, even when the mean dwarfs the
+//              spread), and the grid of the apply kernels: one block per (plane, tile of kBnThreads·kBnUnroll
+//              work items).
 
 #include <cuda_runtime.h>
 
@@ -173,6 +179,27 @@ __device__ __forceinline__ Welford<T> welford_block_reduce(Welford<T> s, Welford
 
 namespace kb {
 
+// ---- pivot ----------------------------------------------------------------------------------------------
+
+constexpr int kBnPivotSamples = 32;  // one per lane of a warp
+
+// The pivot of channel c of an (N, C, HW) tensor, computed by one warp (every lane gets it): the mean of
+// min(32, N·HW) values at evenly spaced positions of the channel, summed in a fixed order, so that every block
+// of the channel gets the same float.
+__device__ __forceinline__ float bn_pivot(const float* __restrict__ x, int64_t N, int64_t C, int64_t HW,
+                                          int64_t c) {
+    const int lane = threadIdx.x & 31;
+    const int64_t values = N * HW;
+    const int64_t k = values < kBnPivotSamples ? values : kBnPivotSamples;
+    float v = 0.f;
+    if (lane < k) {
+        const int64_t t = lane * values / k;  // position in the channel: sample t / HW, element t % HW
+        v = __ldg(x + (t / HW * C + c) * HW + t % HW);
+    }
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    return __shfl_sync(0xffffffffu, v, 0) / static_cast<float>(k);
+}
+
 // ---- finalize -------------------------------------------------------------------------------------------
 
 // y = (x − m)·a + b for one channel.
@@ -203,8 +230,8 @@ __host__ __device__ __forceinline__ float bn_running(double m, float running, do
     return static_cast<float>((1.0 - m) * running + m * batch);
 }
 
-// Training-mode finalize of channel c from its merged Welford state (in double): the map into mab ([3·C]: all
-// m, then all a, then all b) and, when running_mean is given, the running statistics updated in place.
+// Training-mode finalize of channel c from its merged Welford state (in double): the map into mab ([4·C]: all
+// m_hi, all m_lo, all a, all b) and, when running_mean is given, the running statistics updated in place.
 // Returns the biased batch variance.
 __device__ __forceinline__ double bn_finish_channel(const Welford<double>& tot, int64_t c, int64_t C, float* mab,
                                                     const float* gamma, const float* beta, float* running_mean,
@@ -212,9 +239,11 @@ __device__ __forceinline__ double bn_finish_channel(const Welford<double>& tot, 
                                                     float momentum, float eps, float scale) {
     const double var = tot.m2 / tot.n;  // biased: normalises this batch
     const BnMap map = bn_map(tot.mean, var, eps, gamma, beta, c, scale);
-    mab[c] = static_cast<float>(map.m);
-    mab[C + c] = static_cast<float>(map.a);
-    mab[2 * C + c] = static_cast<float>(map.b);
+    const float m_hi = static_cast<float>(map.m);
+    mab[c] = m_hi;
+    mab[C + c] = static_cast<float>(map.m - static_cast<double>(m_hi));  // m_lo: what m_hi rounded off
+    mab[2 * C + c] = static_cast<float>(map.a);
+    mab[3 * C + c] = static_cast<float>(map.b);
     if (running_mean) {
         const double m = bn_running_weight(momentum, num_batches_tracked);
         const double var_unbiased = tot.m2 / (tot.n - 1.0);  // updates the running estimate
@@ -233,10 +262,18 @@ template <int V> struct Vec;
 template <> struct Vec<4> { using T = float4; };
 template <> struct Vec<1> { using T = float; };
 
-__device__ __forceinline__ float4 normalise(float4 v, float m, float a, float b) {
-    return make_float4(fmaf(v.x - m, a, b), fmaf(v.y - m, a, b), fmaf(v.z - m, a, b), fmaf(v.w - m, a, b));
+// The map's four floats for one channel, read from mab [4·C].
+struct BnApply {
+    float m_hi, m_lo, a, b;
+};
+__device__ __forceinline__ BnApply bn_apply_of(const float* mab, int64_t C, int64_t c) {
+    return BnApply{mab[c], mab[C + c], mab[2 * C + c], mab[3 * C + c]};
 }
-__device__ __forceinline__ float normalise(float v, float m, float a, float b) { return fmaf(v - m, a, b); }
+
+__device__ __forceinline__ float normalise(float v, const BnApply& m) { return fmaf((v - m.m_hi) - m.m_lo, m.a, m.b); }
+__device__ __forceinline__ float4 normalise(float4 v, const BnApply& m) {
+    return make_float4(normalise(v.x, m), normalise(v.y, m), normalise(v.z, m), normalise(v.w, m));
+}
 
 inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
@@ -280,7 +317,7 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
                             int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
-// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1]
+// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [4·C_out], arrivals [1]
 // zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
@@ -1395,7 +1432,7 @@ struct Shape {
 struct Stats {
     kb::Welford<float>* partial;   // [C_out][slots], slot = block·WROWS + warp row
     unsigned* arrivals;            // one counter, zeroed by the caller
-    float* mab;                    // [3·C_out]: m, a, b of y ← (y − m)·a + b
+    float* mab;                    // [4·C_out]: m_hi, m_lo, a, b of y ← ((y − m_hi) − m_lo)·a + b
     const float* gamma;            // or null (γ = 1)
     const float* beta;             // or null (β = 0)
     float* running_mean;           // or null (no running statistics)
@@ -1792,7 +1829,7 @@ cudaError_t launch(const float* x, const float* w, const float* b, float* y, Sha
     return cudaGetLastError();
 }
 
-// y ← (y − m[c])·a[c] + b[c] in place over chapter 1's apply work items (bn_stats.cuh's grid),
+// y ← ((y − m_hi[c]) − m_lo[c])·a[c] + b[c] in place over chapter 1's apply work items (bn_stats.cuh's grid),
 // (plane (n, c), tile) = item / tiles, item % tiles, walked by a grid of at most kApplyBlocksPerSM blocks per
 // SM (so that a launch the guard turns away costs a few hundred empty blocks, not one per item), and the batch
 // counted (num_batches_tracked += 1, after the conv kernel's last block read it: stream order).
@@ -1805,7 +1842,7 @@ constexpr int kUnroll = kb::kBnUnroll;
 using kb::normalise;
 using kb::Vec;
 
-// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map mab [3·C] (m, a, b).
+// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map mab [4·C] (bn_stats.cuh).
 struct Apply {
     float* y;
     const float* mab;
@@ -1823,7 +1860,7 @@ __global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Apply p, int64_
     for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
         const int64_t plane = item / tiles;
         const int c = static_cast<int>(plane % p.C);
-        const float m = p.mab[c], a = p.mab[p.C + c], b = p.mab[2 * p.C + c];
+        const kb::BnApply map = kb::bn_apply_of(p.mab, p.C, c);
         VT* y = reinterpret_cast<VT*>(p.y) + plane * items_per_plane;
         const int64_t base = (item % tiles) * kThreads * kUnroll + threadIdx.x;
         VT v[kUnroll];
@@ -1835,7 +1872,7 @@ __global__ void __launch_bounds__(kThreads) apply_inplace_kernel(Apply p, int64_
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int64_t i = base + u * kThreads;
-            if (i < items_per_plane) y[i] = normalise(v[u], m, a, b);
+            if (i < items_per_plane) y[i] = normalise(v[u], map);
         }
     }
 }
@@ -2210,7 +2247,7 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
                             int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
-// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1]
+// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [4·C_out], arrivals [1]
 // zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
@@ -2561,7 +2598,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
         torch::Tensor w_fold = torch::empty_like(conv_w);
         torch::Tensor b_fold = torch::empty({C}, fopts);
         torch::Tensor staged = torch::empty({2, C}, fopts);           // the moments' new running statistics
-        torch::Tensor mab = torch::empty({3, C}, fopts);              // the in-place path's per-channel map
+        torch::Tensor mab = torch::empty({4, C}, fopts);              // the in-place path's per-channel map
         torch::Tensor partial = torch::empty({C * slots * 3}, fopts);  // its Welford states
         kb::check_launch(
             launch_cbs_train_auto(
@@ -2596,7 +2633,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     kb::check_cuda(cbs_train_slots(N, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
                                    static_cast<int>(x.size(3)), static_cast<int>(C), &slots),
                    op, "sizing the grid");
-    torch::Tensor mab = torch::empty({3, C}, fopts);                         // per channel: y ← (y − m)·a + b
+    torch::Tensor mab = torch::empty({4, C}, fopts);  // per channel: y ← ((y − m_hi) − m_lo)·a + b
     torch::Tensor partial = torch::empty({C * slots * 3}, fopts);            // Welford states (n, mean, M2)
     torch::Tensor arrivals = torch::zeros({1}, fopts.dtype(torch::kInt32));  // blocks done, counted by the kernel
     kb::check_launch(
