@@ -20,7 +20,7 @@ GLUE_DYNAMIC = re.compile(r"\bglue(?:_all)?\(\s*[A-Za-z_]")  # kb.glue(name, ...
 GLUE_PREFIX = re.compile(r"""\bglue\(\s*f["']([A-Za-z_][A-Za-z0-9_]*)\{""")  # kb.glue(f"ms_{k}", ...) in a loop
 CODE_WIDTH = 88  # characters of code the rendered page's text column shows without scrolling
 CELL_LINES = 40
-BOOK_CODE_LINES = 2950  # nine chapters together: the idea, the call, the check, the result; plumbing elsewhere
+BOOK_CODE_LINES = 3000  # nine chapters together: the idea, the call, the check, the result; plumbing elsewhere
 
 
 def _nb(path):
