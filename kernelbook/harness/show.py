@@ -245,21 +245,26 @@ def excerpt_lines(file: str | Path, name: str) -> tuple[int, list[str]]:
     return start + 2, body
 
 
-def _highlight(code: str, suffix: str, first_line: int) -> str:
+def _highlight(code: str, suffix: str, first_line: int, anchor: str) -> str:
+    """Highlighted code with the file's line numbers, each line its own block (ids ``anchor-N``), so a
+    line too long for the column wraps with a hanging indent and never runs back under the numbers."""
     from pygments import highlight
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import get_lexer_by_name
 
-    fmt = HtmlFormatter(linenos="inline", linenostart=first_line, cssclass="highlight")
-    return highlight(code, get_lexer_by_name(_LEXER.get(suffix, "text")), fmt)
+    last = first_line + code.count("\n")
+    fmt = HtmlFormatter(linenos="inline", linenostart=first_line, cssclass="highlight", linespans=anchor)
+    body = highlight(code, get_lexer_by_name(_LEXER.get(suffix, "text")), fmt)
+    return f'<div class="kb-code" style="--kb-digits: {len(str(last))}ch">{body}</div>'
 
 
 def excerpt_html(file: str | Path, name: str) -> str:
     p = _path(file)
     first, body = excerpt_lines(p, name)
     label = f"kernels/{p.name}, lines {first}–{first + len(body) - 1}"
+    code = _highlight(chr(10).join(body), p.suffix, first, f"{p.stem}-{name}")
     return (f'<div class="kb-excerpt"><p class="kb-caption">{html.escape(label)}</p>'
-            f'<div class="highlight-cuda notranslate">{_highlight(chr(10).join(body), p.suffix, first)}</div></div>')
+            f'<div class="highlight-cuda notranslate">{code}</div></div>')
 
 
 def excerpt(file: str | Path, name: str):
@@ -289,7 +294,8 @@ def source(*files: str | Path, title: str | None = None):
         p = _path(f)
         text = p.read_text().rstrip("\n")  # markers kept, so line numbers agree with the excerpts'
         n = len(text.splitlines())
+        anchor = f"{p.stem}-{p.suffix[1:]}"
         parts.append(f'<p class="kb-caption">kernels/{html.escape(p.name)} ({n} lines)</p>'
-                     f'<div class="highlight-cuda notranslate">{_highlight(text, p.suffix, 1)}</div>')
+                     f'<div class="highlight-cuda notranslate kb-scroll">{_highlight(text, p.suffix, 1, anchor)}</div>')
     label = title or "The whole source: " + ", ".join(f"kernels/{_path(f).name}" for f in files)
     return HTML(f'<details class="kb-dropdown"><summary>{html.escape(label)}</summary>{"".join(parts)}</details>')
