@@ -22,7 +22,7 @@ constexpr const char* kOp = "affine";
 // In launch_affine's numbering.
 const std::vector<std::string> kMappings = {"flat",       "flat_vec4",           "channel_fastest", "pixel_loop",
                                             "tile_7x18x4", "tile_8x8x8",         "rows_w_x4",       "channel_fastest_smem",
-                                            "flat_x4",     "flat_vec4_x4",        "planes_vec4_x4"};
+                                            "flat_x4",     "flat_vec4_x4",        "planes_vec4_x4",  "flat_vec4_x4_i32"};
 
 int mapping_number(const std::string& name) {
     std::string known;
@@ -75,11 +75,15 @@ torch::Tensor affine(const torch::Tensor& x, const torch::Tensor& a, const torch
         kb::check_same_device(x, y, kOp, "x", "out");
         kb::check_no_overlap(x, y, kOp, "x", "out");
     }
-    if (m == 1 || m == 9) {  // float4 accesses over the flat index
+    if (m == 1 || m == 9 || m == 11) {  // float4 accesses over the flat index
         KB_CHECK(x.numel() % 4 == 0, kOp, ": mapping ", mapping, " needs a number of elements divisible by 4, got ",
                  x.numel(), " for shape ", kb::shape_str(x.sizes()));
         KB_CHECK(aligned16(x.data_ptr()) && aligned16(y.data_ptr()), kOp, ": mapping ", mapping,
                  " needs x and out to start on 16-byte boundaries (a view such as x[1:] does not)");
+    }
+    if (m == 11) {
+        KB_CHECK(x.numel() < (int64_t{1} << 31), kOp, ": mapping flat_vec4_x4_i32 computes its indices in 32 bits, ",
+                 "so x must have fewer than 2^31 elements, got ", x.numel(), " (use flat_vec4_x4)");
     }
     if (m == 10) {  // planes_vec4_x4 takes float4 accesses when it can and scalar ones otherwise
         KB_CHECK(n * c <= INT_MAX && (h * w + 4095) / 4096 <= 65535, kOp, ": mapping planes_vec4_x4 launches one ",
@@ -97,7 +101,7 @@ torch::Tensor affine(const torch::Tensor& x, const torch::Tensor& a, const torch
                  w);
     }
     const int64_t threads = m == 1 ? x.numel() / 4 : m == 3 ? n * h * w : m == 8 ? x.numel() / 4
-                            : m == 9 ? x.numel() / 16 : m == 10 ? 0 : x.numel();
+                            : m == 9 || m == 11 ? x.numel() / 16 : m == 10 ? 0 : x.numel();
     KB_CHECK(threads / 256 < INT_MAX, kOp, ": tensor too large for a 1-D grid: ", x.numel(), " elements");
     if (x.numel() == 0) return y;
 

@@ -10,8 +10,9 @@
 // Every kernel computes the same value with one fmaf (one rounding); they differ only in which thread
 // handles which element, i.e. in the addresses a warp's 32 lanes present to the memory system at once.
 // Threads that fall outside the tensor return at once: a warp whose lanes all returned issues nothing.
-// Mappings 7-10 are controls for the chapter's causal claims: the scattered mapping with its coefficients
-// in shared memory, and flat, float4 and per-plane mappings with four independent accesses per thread.
+// Mappings 7-11 are controls for the chapter's causal claims: the scattered mapping with its coefficients
+// in shared memory; flat, float4 and per-plane mappings with four independent accesses per thread; and the
+// float4 mapping with its index arithmetic in 32 bits instead of 64.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -250,6 +251,33 @@ planes_vec4_x4_kernel(const float* __restrict__ x, float* __restrict__ y, const 
     }
 }
 
+// 12. flat_vec4_x4 with 32-bit index arithmetic (a control; needs numel < 2^31, the binding checks): the same
+//     loads, stores and coefficient reads, but each element's channel (i / HW) % C costs a 32-bit division and
+//     modulo — a short inline sequence — where int64_t needs a call to a much longer 64-bit routine.
+__device__ __forceinline__ float4 affine4_u32(float4 v, uint32_t i, const Coeffs& p, uint32_t hw, uint32_t c) {
+    const uint32_t c0 = (i / hw) % c, c1 = ((i + 1) / hw) % c, c2 = ((i + 2) / hw) % c, c3 = ((i + 3) / hw) % c;
+    return make_float4(fmaf(v.x, p.a[c0], p.b[c0]), fmaf(v.y, p.a[c1], p.b[c1]), fmaf(v.z, p.a[c2], p.b[c2]),
+                       fmaf(v.w, p.a[c3], p.b[c3]));
+}
+
+__global__ void __launch_bounds__(kFlatThreads)
+flat_vec4_x4_i32_kernel(const float* __restrict__ x, float* __restrict__ y, const Coeffs p, const Shape s) {
+    const uint32_t base = blockIdx.x * (kFlatThreads * kUnroll) + threadIdx.x;
+    const uint32_t n4 = static_cast<uint32_t>(s.numel() / 4);
+    const uint32_t hw = static_cast<uint32_t>(s.hw()), c = static_cast<uint32_t>(s.c);
+    float4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const uint32_t j = base + u * kFlatThreads;
+        v[u] = j < n4 ? reinterpret_cast<const float4*>(x)[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const uint32_t j = base + u * kFlatThreads;
+        if (j < n4) reinterpret_cast<float4*>(y)[j] = affine4_u32(v[u], 4 * j, p, hw, c);
+    }
+}
+
 template <int TW, int TH, int TC>
 cudaError_t launch_tile(const float* x, float* y, const Coeffs& p, const Shape& s, cudaStream_t stream) {
     const int64_t gx = (s.w + TW - 1) / TW, gy = (s.h + TH - 1) / TH, gz = s.n * ((s.c + TC - 1) / TC);
@@ -275,7 +303,7 @@ int mappings_unroll() { return kUnroll; }
 
 // The mappings by number, in the order of the chapter's table (the binding maps names to numbers):
 // 0 flat, 1 flat_vec4, 2 channel_fastest, 3 pixel_loop, 4 tile_7x18x4, 5 tile_8x8x8, 6 rows_w_x4,
-// 7 channel_fastest_smem, 8 flat_x4, 9 flat_vec4_x4, 10 planes_vec4_x4.
+// 7 channel_fastest_smem, 8 flat_x4, 9 flat_vec4_x4, 10 planes_vec4_x4, 11 flat_vec4_x4_i32.
 // a and b are host arrays of c floats (c <= kMaxChannels). Returns the launch's error; nothing is
 // launched for an empty tensor.
 cudaError_t launch_affine(int mapping, const float* x, float* y, const float* a, const float* b, int64_t n,
@@ -318,6 +346,10 @@ cudaError_t launch_affine(int mapping, const float* x, float* y, const float* a,
             planes_vec4_x4_kernel<<<dim3(static_cast<unsigned>(planes), static_cast<unsigned>(chunks)), kFlatThreads, 0,
                                     stream>>>(x, y, p, s, vec);
             return cudaGetLastError();
+        }
+        case 11: {
+            if (s.numel() % 4 != 0 || s.numel() >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+            return launch_flat(flat_vec4_x4_i32_kernel, (s.numel() / 4 + kUnroll - 1) / kUnroll, x, y, p, s, stream);
         }
         default: return cudaErrorInvalidValue;
     }

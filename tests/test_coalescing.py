@@ -15,7 +15,7 @@ from kernelbook import coalescing as co
 
 P73_OUT = (128, 64, 126, 126)
 MAPPINGS = list(co.affine_schemes((1, 4, 4, 4)))
-VEC4 = ("flat_vec4", "flat_vec4_x4")  # float4 over the flat index: numel % 4 == 0, 16-byte aligned
+VEC4 = ("flat_vec4", "flat_vec4_x4", "flat_vec4_x4_i32")  # float4 over the flat index: numel % 4 == 0, 16-byte aligned
 
 
 # --- one warp, by hand ---------------------------------------------------------------------------------
@@ -275,6 +275,18 @@ def test_bad_input_is_named(mod, call, message):
     a, b = torch.ones(4), torch.zeros(4)
     with pytest.raises(RuntimeError, match=message):
         call(mod, x, a, b)
+
+
+@pytest.mark.gpu
+def test_32_bit_indexing_refuses_a_tensor_of_2_to_the_31_elements(mod):
+    free, _ = torch.cuda.mem_get_info()
+    if free < 9 * 2**30:
+        pytest.skip("needs 8 GiB of free GPU memory for a tensor of 2^31 floats")
+    x = torch.empty(1, 1, 1, 2**31, device="cuda")
+    with pytest.raises(RuntimeError, match="fewer than 2\\^31 elements"):
+        mod.affine(x, torch.ones(1), torch.zeros(1), "flat_vec4_x4_i32")
+    del x
+    torch.cuda.empty_cache()
 
 
 @pytest.mark.gpu

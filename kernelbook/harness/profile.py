@@ -86,8 +86,10 @@ def kernels(variants: Mapping[str, Callable[[], object]], chapter: str, repeat: 
 
 
 def ncu_command(chapter: str, variant: str, metrics: Iterable[str], target: list[str]) -> list[str]:
-    """The Nsight Compute command line that profiles only the kernels inside ``<chapter>/<variant>``."""
-    return ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", f"{chapter}/{variant}/",
+    """The Nsight Compute command line that profiles only the kernels inside ``<chapter>/<variant>``
+    (every kernel inside ``<chapter>`` when ``variant`` is empty)."""
+    rng = f"{chapter}/{variant}/" if variant else f"{chapter}/"
+    return ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", rng,
             "--metrics", ",".join(metrics), "--csv", "--print-units", "base", *target]
 
 
@@ -102,33 +104,51 @@ def parse_ncu_csv(text: str) -> list[dict]:
         except ValueError:
             continue
         rows.append({"kernel": r["Kernel Name"], "metric": r["Metric Name"], "unit": r.get("Metric Unit", ""),
-                     "value": value})
+                     "value": value, "id": int(r.get("ID") or -1)})
     return rows
 
 
-def ncu(script: str, chapter: str, variants: Iterable[str], metrics: Iterable[str], timeout: int = 600):
+def ncu(script: str, chapter: str, variants: Iterable[str], metrics: Iterable[str], timeout: int = 600,
+        one_process: bool = False):
     """Run ``script`` (Python source that calls each variant inside ``nvtx_range``) under Nsight Compute
-    once per variant, and return the metrics of the kernels in that variant's range, as a table."""
+    and return the metrics of the kernels in each variant's range, as a table.
+
+    By default one ncu process per variant, selected by its range (a variant may launch any number of
+    kernels). ``one_process=True`` profiles every kernel inside ``<chapter>/`` in a single process — one
+    start-up of Python, CUDA and the extension instead of one per variant — for a script that launches
+    exactly one kernel per variant, in the order of ``variants``: the n-th kernel is the n-th variant's.
+    """
     import pandas as pd
 
     if shutil.which("ncu") is None:
         raise RuntimeError("Nsight Compute (ncu) is not on PATH")
-    metrics = list(metrics)
+    metrics, variants = list(metrics), list(variants)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "ncu_target.py"
         path.write_text(script)
-        for v in variants:
-            cmd = ncu_command(chapter, v, metrics, [sys.executable, str(path)])
+        runs = [(None, ncu_command(chapter, "", metrics, [sys.executable, str(path)]))] if one_process else [
+            (v, ncu_command(chapter, v, metrics, [sys.executable, str(path)])) for v in variants]
+        for v, cmd in runs:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            what = f"{chapter}/{v}" if v else f"{chapter}/"
             if res.returncode != 0:
-                raise RuntimeError(f"ncu failed for {chapter}/{v} (exit {res.returncode}):\n"
+                raise RuntimeError(f"ncu failed for {what} (exit {res.returncode}):\n"
                                    f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
             found = parse_ncu_csv(res.stdout)
             if not found:
-                raise RuntimeError(f"ncu profiled no kernel inside {chapter}/{v}:\n{res.stdout[-3000:]}")
-            rows += [{"variant": v, **r} for r in found]
-    return pd.DataFrame(rows, columns=["variant", "kernel", "metric", "unit", "value"])
+                raise RuntimeError(f"ncu profiled no kernel inside {what}:\n{res.stdout[-3000:]}")
+            if v is None:  # one kernel per variant, in launch order
+                ids = sorted({r["id"] for r in found})
+                if len(ids) != len(variants):
+                    raise RuntimeError(f"ncu profiled {len(ids)} kernels inside {what}, expected one for each of "
+                                       f"the {len(variants)} variants")
+                owner = dict(zip(ids, variants, strict=True))
+                rows += [{"variant": owner[r["id"]], **r} for r in found]
+            else:
+                rows += [{"variant": v, **r} for r in found]
+    cols = ["variant", "kernel", "metric", "unit", "value"]
+    return pd.DataFrame(rows)[cols] if rows else pd.DataFrame(columns=cols)
 
 
 def kernel_us(table, variant: str, pattern: str) -> float:

@@ -38,18 +38,25 @@ KERNELS = {"flat": "flat_kernel", "flat_vec4": "flat_vec4_kernel", "channel_fast
            "pixel_loop": "pixel_loop_kernel", "tile_7x18x4": "tile_kernel<18, 7, 4>",
            "tile_8x8x8": "tile_kernel<8, 8, 8>", "rows_w_x4": "rows_kernel",
            "channel_fastest_smem": "channel_fastest_smem_kernel", "flat_x4": "flat_x4_kernel",
-           "flat_vec4_x4": "flat_vec4_x4_kernel", "planes_vec4_x4": "planes_vec4_x4_kernel"}
+           "flat_vec4_x4": "flat_vec4_x4_kernel", "planes_vec4_x4": "planes_vec4_x4_kernel",
+           "flat_vec4_x4_i32": "flat_vec4_x4_i32_kernel"}
 # Bytes of x one thread has requested before its first store, by the kernel's source (and its PTX): the
 # bytes it can have in flight. pixel_loop's 64 loads are independent, but how many the compiler issues
 # before the first store is its scheduler's choice, so it is not stated here.
 LOADED_AHEAD = {"flat": 4, "flat_vec4": 16, "channel_fastest": 4, "pixel_loop": float("nan"),
                 "tile_7x18x4": 4, "tile_8x8x8": 4, "rows_w_x4": 4, "channel_fastest_smem": 4,
-                "flat_x4": 4 * UNROLL, "flat_vec4_x4": 16 * UNROLL, "planes_vec4_x4": 16 * UNROLL}
+                "flat_x4": 4 * UNROLL, "flat_vec4_x4": 16 * UNROLL, "planes_vec4_x4": 16 * UNROLL,
+                "flat_vec4_x4_i32": 16 * UNROLL}
 
 # Why warps wait (Nsight Compute, sm_70 and newer): warps stalled for each reason per issued instruction.
 STALL_REASONS = ("long_scoreboard", "lg_throttle", "mio_throttle", "short_scoreboard", "imc_miss",
                  "barrier", "wait", "not_selected", "selected")
 NCU_STALLS = {r: f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALL_REASONS}
+# How busy the schedulers are: warp instructions executed (each takes one issue slot of its sub-partition's
+# scheduler, one per cycle), and the share of active cycles in which a scheduler issued one.
+NCU_ISSUE = {"warp instructions": "smsp__inst_executed.sum",
+             "issue slots busy %": "smsp__issue_active.avg.pct_of_peak_sustained_active"}
+ISSUE_PER_CLOCK = 4  # sub-partitions (schedulers) per SM since Volta, each issuing one warp instruction a cycle
 
 
 def _dim3(v: int | Sequence[int]) -> tuple[int, int, int]:
@@ -415,7 +422,7 @@ def plot_lane_sectors(addresses: Sequence[int] | np.ndarray, elem_bytes: int = 4
     return ax
 
 
-# --- The chapter's kernels (kernels/mappings.cu): y = x·a[c] + b[c] over an NCHW tensor, eleven mappings ---
+# --- The chapter's kernels (kernels/mappings.cu): y = x·a[c] + b[c] over an NCHW tensor, twelve mappings ---
 
 @dataclass(frozen=True)
 class Scheme:
@@ -434,7 +441,7 @@ def _nchw(i: np.ndarray, shape: Sequence[int]) -> dict[str, np.ndarray]:
 
 
 def affine_schemes(shape: Sequence[int], base: int = 0) -> dict[str, Scheme]:
-    """The eleven mappings of kernels/mappings.cu for an (N, C, H, W) float32 tensor, index math mirrored
+    """The twelve mappings of kernels/mappings.cu for an (N, C, H, W) float32 tensor, index math mirrored
     line by line; x and y both start ``base`` bytes past a 128-byte boundary (PyTorch's allocator: 0)."""
     n_, c_, h_, w_ = (int(d) for d in shape)
     hw, numel = h_ * w_, n_ * c_ * h_ * w_
@@ -575,6 +582,7 @@ def affine_schemes(shape: Sequence[int], base: int = 0) -> dict[str, Scheme]:
         "planes_vec4_x4": Scheme("planes_vec4_x4", Launch((n_ * c_, chunks), flat), planes_map, planes_coords,
                                  f"one (n, c) plane per block row, {unroll} float4 per thread"
                                  if vec else f"one (n, c) plane per block row, {per_thread} floats per thread"),
+        "flat_vec4_x4_i32": Scheme("flat_vec4_x4_i32", *u4, "flat_vec4_x4 with 32-bit index arithmetic"),
     }
 
 
@@ -634,16 +642,47 @@ def in_flight(launches: dict[str, Launch], registers: dict[str, int], median_ms:
     return pd.DataFrame(rows).T
 
 
+def issue_table(ncu_rows: Iterable[dict], ncu_shape: Sequence[int], numel: int, median_ms, copy_ms: float,
+                sms: int, clock_mhz: float):
+    """Per profiled variant: thread-instructions per element (from ``NCU_ISSUE``'s counts on the profiled
+    tensor, which scale with the elements), how busy the issue slots were there, and the least time those
+    instructions need on a tensor of ``numel`` elements — every scheduler issuing one warp instruction per
+    cycle at ``clock_mhz`` — beside the copy's time and the measured median."""
+    import pandas as pd
+
+    df = pd.DataFrame(list(ncu_rows))
+    names = {v: k for k, v in NCU_ISSUE.items()}
+    wide = (df[df["metric"].isin(names)].pivot_table(index="variant", columns="metric", values="value",
+                                                      aggfunc="sum").rename(columns=names))
+    per_elem = WARP * wide["warp instructions"] / float(np.prod(ncu_shape))
+    slots = sms * ISSUE_PER_CLOCK * clock_mhz * 1e6  # warp instructions per second, the whole GPU
+    out = pd.DataFrame({"instructions/element": per_elem, "issue slots busy %": wide["issue slots busy %"],
+                        "issue floor ms": 1e3 * per_elem * numel / WARP / slots})
+    out["copy ms"] = copy_ms
+    out["median ms"] = pd.Series(median_ms).reindex(out.index)
+    out["median / max(floors)"] = out["median ms"] / out[["issue floor ms", "copy ms"]].max(axis=1)
+    return out.sort_values("median ms")
+
+
 def ncu_script(shape: Sequence[int], chapter: str) -> str:
     """The program Nsight Compute profiles: every mapping of kernels/mappings.cu once, each inside its
-    NVTX range ``<chapter>/<mapping>``, on an input of ``shape``."""
+    NVTX range ``<chapter>/<mapping>``, then the method chapter's ``y = s·x`` (kernels/scale.cu) inside
+    ``<chapter>/scale_ch0``, on an input of ``shape`` — one kernel per range, in the order of
+    ``ncu_variants()``."""
     return f"""
 import torch, kernelbook as kb
-mod = kb.build.load("mappings")
+mod, smod = kb.build.load("mappings"), kb.build.load("scale")
 x = kb.check.rand({tuple(shape)}, seed=0, device="cuda"); y = torch.empty_like(x)
 a, b = kb.check.rand([{shape[1]}], seed=1), kb.check.rand([{shape[1]}], seed=2)
 for m in mod.mappings():
     with kb.timing.nvtx_range("{chapter}", m):
         mod.affine(x, a, b, m, y)
+with kb.timing.nvtx_range("{chapter}", "scale_ch0"):
+    smod.scale_out(x, 2.0, y)
 torch.cuda.synchronize()
 """
+
+
+def ncu_variants() -> list[str]:
+    """The ranges ``ncu_script`` profiles, in launch order: the mappings, then the method chapter's scale."""
+    return [*KERNELS, "scale_ch0"]
