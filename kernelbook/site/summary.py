@@ -125,15 +125,15 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
     dates = sorted(r["date"] for r in rs)
     split = sorted({r["chapter"][:2] for r in rs if r["math"] == "3xtf32"})  # chapters whose rows use the split
     ours = "ours compute in FP32" + (f", except in the rows of chapter{'s' * (len(split) > 1)} "
-                                     f"{' and '.join(split)}: 3xTF32 on the tensor cores, as accurate"
+                                     f"{' and '.join(split)}: 3xTF32 on the tensor cores, whose error against float64 "
+                                     f"the chapter gives beside FP32's"
                                      if split else "") + "."
     lines.append("")
     lines.append(f"Medians of CUDA-event timings with L2 flushed, recorded on {', '.join(gpus)} between "
                  f"{dates[0]} and {dates[-1]}. *compile* is `torch.compile` of the same PyTorch code; speed-ups "
                  f"are eager's (or compile's) time over ours. The baselines run with PyTorch's defaults, which let "
-                 f"cuDNN use TF32 for convolutions; {ours} "
-                 f"— where a chapter did not time that "
-                 f"variant or no floor is known.")
+                 f"cuDNN use TF32 for convolutions; {ours} A dash (—) marks a variant a chapter did not "
+                 f"time, or an operation without a known floor.")
     lines.append("")
     lines.append(_floor_note(gpu_slug, root))
     return "\n".join(lines)
