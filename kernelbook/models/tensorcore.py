@@ -260,3 +260,41 @@ def path_counters(rows: list[dict], order_by: str):
         .where(tensor >= 1.0)})
     waits = pd.DataFrame({f"stalled: {s}": t[STALL.format(s)] for s in STALLS})
     return pd.concat([out, waits[waits.loc[order_by].sort_values(ascending=False).index]], axis=1).T
+
+
+# ---- the chapter's figures ----
+
+GROWTH_LABELS = {"v1 chained": "v1: one accumulator over all of K", "v5 per step": "v5: each step from zero",
+                 "cuBLAS float32": "cuBLAS float32"}
+
+
+def plot_error_growth(ax, grow) -> None:
+    """``error_growth``'s table (K → error per variant) on log axes, with the slopes of K and of √K drawn
+    through the first points of the chained and the per-step versions."""
+    from ..harness.plots import BASELINE, CEILING, OURS
+
+    k = grow.index.to_numpy(dtype=float)
+    for col, colour in zip(GROWTH_LABELS, (BASELINE, OURS, CEILING), strict=True):
+        ax.plot(k, grow[col], marker="o", color=colour, label=GROWTH_LABELS[col])
+    for col, power, ls, label in (("v1 chained", 1, "--", "∝ K"), ("v5 per step", 0.5, ":", "∝ √K")):
+        ax.plot(k, grow[col].iloc[0] * (k / k[0]) ** power, ls=ls, lw=0.8, color="black", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="K (M = N = 256)", ylabel="relative error vs float64")
+    ax.legend(fontsize=8)
+
+
+def plot_rates(ax, tflops, lines: dict[str, float]) -> None:
+    """Horizontal bars of TFLOP/s per variant (``tflops``, a Series; cuBLAS grey, ours red), each labelled
+    with its value, and a dotted vertical line per ceiling in ``lines`` (name → TFLOP/s), named beside
+    it above the bars."""
+    from ..harness.plots import BASELINE, CEILING, OURS
+
+    names = [n.replace("eager_fp32", "cuBLAS SGEMM").replace("ours_", "ours, ") for n in tflops.index]
+    ax.barh(names, tflops, color=[BASELINE if n.startswith("cuBLAS") else OURS for n in names])
+    for y, v in enumerate(tflops):
+        ax.text(v + 1, y, f"{v:.1f}", va="center", fontsize=8)
+    for name, x in lines.items():
+        ax.axvline(x, color=CEILING, ls=":")
+        ax.text(x - 1, -0.85, f"{name}: {x:.0f}", fontsize=8, ha="right", va="center")
+    ax.set_ylim(len(tflops) - 0.5, -1.3)  # top to bottom, with a row for the ceilings' names
+    ax.set_xlim(0, max(lines.values()) * 1.05)
+    ax.set_xlabel("TFLOP/s (2·M·N·K / median time)")
