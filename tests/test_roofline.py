@@ -230,10 +230,21 @@ def test_plot_labels_only_the_headline_points():
          "variants": {v: {"provider": v.split("_")[0], "math": "fp32",
                           "counts": {"flop": 1e12, "bytes": 1e9}} for v in ("eager_p73_eval", "ours_p73_eval")}}])
     ax = roofline.plot(pts, [roofline.Roof("r", 60e12, 4e12)], labels=roofline.HEADLINE)
-    numbers = {t.get_text(): t.xyann for t in ax.texts if t.get_text().isdigit()}
+    import numpy as np
+
+    to_pt = 72 / ax.figure.dpi
+    numbers = {t.get_text(): ax.transData.transform(t.xy) * to_pt + t.xyann for t in ax.texts
+               if t.get_text().isdigit()}  # each number's centre, in display points
     keyed = [t.get_text() for t in ax.get_legend().get_texts()]
     assert keyed == ["P73 eval, ours", "P73 eval, eager"] and set(numbers) == {"1", "2"}
-    assert numbers["2"][1] < numbers["1"][1] - 5  # nearly level points: eager's number pushed below
+    # nearly level points: the two numbers stand apart, and clear of both points
+    assert np.linalg.norm(numbers["1"] - numbers["2"]) >= 15
+    marks = ax.transData.transform(pts[["FLOP/byte", "TFLOP/s"]].to_numpy()) * to_pt
+    assert all(np.linalg.norm(n - m) >= 11 for n in numbers.values() for m in marks)
+    # the legends sit outside the plotting area
+    box = ax.get_window_extent(ax.figure.canvas.get_renderer())
+    legends = [a for a in ax.get_children() if isinstance(a, matplotlib.legend.Legend)]
+    assert len(legends) == 4 and not any(box.overlaps(lg.get_window_extent()) for lg in legends)
 
 
 # ---------------------------------------------------------------------------------------------- GPU

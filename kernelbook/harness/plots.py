@@ -33,7 +33,7 @@ def bars(rec: Mapping, variants: Sequence[str] | None = None, title: str = "", a
     timings, declared = rec["timings_ms"], rec.get("variants", {})
     variants = list(variants or timings)
     if ax is None:
-        _, ax = plt.subplots(figsize=(7.5, 0.45 * len(variants) + 1.2))
+        _, ax = plt.subplots(figsize=(7.5, 0.34 * len(variants) + 1.2))
     med = [timings[v]["median"] for v in variants]
     lo = [timings[v]["median"] - timings[v]["q20"] for v in variants]
     hi = [timings[v]["q80"] - timings[v]["median"] for v in variants]
@@ -41,8 +41,10 @@ def bars(rec: Mapping, variants: Sequence[str] | None = None, title: str = "", a
     ax.barh(y, med, xerr=[lo, hi], color=[colour(declared.get(v, {}).get("provider", "")) for v in variants], capsize=3)
     ax.set_yticks(list(y), variants)
     ax.invert_yaxis()
-    ax.set_xlabel("median time (ms), whiskers q20–q80")
-    for yi, m in zip(y, med, strict=True):
-        ax.annotate(f"{m:.3g}", (m, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set(xlabel="median time (ms), whiskers q20–q80", ylabel="variant")
+    for yi, m, h in zip(y, med, hi, strict=True):  # 3 significant figures, trailing zeros kept
+        ax.annotate(f"{m:#.3g}".rstrip("."), (m + h, yi), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=9)
+    ax.set_xlim(0, 1.12 * max(m + h for m, h in zip(med, hi, strict=True)))  # room for the labels
     ax.set_title(title)
     return ax

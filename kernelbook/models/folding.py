@@ -194,23 +194,26 @@ def plot_fold(model: nn.Module, scale: float):
         w_f, b_f = fold(conv, bn, scale)
         w, b = conv.weight.detach(), conv.bias.detach()
         assert torch.allclose(w * torch.from_numpy(iota).view(-1, 1, 1, 1), w_f, rtol=1e-6, atol=0)
-    fig, axs = plt.subplots(1, 4, figsize=(10, 4.4), width_ratios=[4, 1.2, 4, 1.6], sharey=True)
+    fig, axs = plt.subplots(1, 4, figsize=(9.6, 4.4), width_ratios=[4, 1.2, 4, 1.6], sharey=True)
     for ax, arr, name in ((axs[0], w, "W"), (axs[2], w_f, "W′ = W·ι")):
         lim = float(arr.abs().max())  # each panel on its own scale: ι changes the magnitudes
         im = ax.imshow(arr.flatten(1).numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
-        ax.set_title(f"{name}   {tuple(arr.shape)}", fontsize=9)
+        ax.set_title(f"{name}   {tuple(arr.shape)}", fontsize=10)
         ax.set_xlabel(f"tap (c_in, kh, kw): {arr[0].numel()}")
-        fig.colorbar(im, ax=ax, shrink=0.5, pad=0.02)
+        fig.colorbar(im, ax=ax, shrink=0.5, pad=0.02)  # red positive, blue negative
     ch = np.arange(w.shape[0])
     axs[1].barh(ch, iota, color=plots.OURS)
-    axs[1].set_title("×ι per channel", fontsize=9)
+    axs[1].set_title("× ι", fontsize=10)
+    axs[1].set_xlabel("ι per channel")
     axs[3].barh(ch - 0.2, b.numpy(), height=0.4, color=plots.BASELINE, label="b")
     axs[3].barh(ch + 0.2, b_f.numpy(), height=0.4, color=plots.OURS, label="b′")
-    axs[3].set_title("b → b′", fontsize=9)
-    axs[3].legend(fontsize=7, loc="lower right")
+    axs[3].set_title("b → b′", fontsize=10)
+    axs[3].set_xlabel("bias")
+    axs[3].legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # clear of the bars
     axs[0].set_ylabel("output channel c")
+    fig.subplots_adjust(wspace=0.45)
     fig.suptitle("The fold as arrays: one factor per output channel, for weights of shape "
-                 f"{tuple(w.shape)}", fontsize=10)
+                 f"{tuple(w.shape)}", fontsize=11)
     return fig
 
 

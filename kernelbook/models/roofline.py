@@ -429,88 +429,126 @@ PROVIDER_COLOURS = {"ours": "#c0392b", "eager": "#7f8c8d", "compile": "#2e86c1",
 MATH_MARKERS = {"fp32": "o", "tf32": "^", "3xtf32": "s", "fp64": "D"}
 
 
+def _place_numbers(anchors, obstacles, lines, box, radius=(15, 22, 30)):
+    """Offsets (display points) for a numbered label beside each anchor (display points), chosen in turn
+    from rings of candidates around it: the first clear of every point in ``obstacles``, of every segment
+    of ``lines``, of the labels already placed and inside ``box`` (x0, y0, x1, y1); failing that, the
+    candidate with the most room."""
+    import numpy as np
+
+    def seg_dist(c, a, b):
+        ab, ac = b - a, c - a
+        t = np.clip(np.dot(ac, ab) / max(np.dot(ab, ab), 1e-9), 0, 1)
+        return float(np.linalg.norm(c - (a + t * ab)))
+
+    angles = np.radians([0, 30, -30, 60, -60, 150, -150, 180, 90, -90, 120, -120])
+    placed, offsets = [], []
+    for px, py in anchors:
+        p, best, best_room = np.array([px, py]), (px + radius[0], py), -np.inf
+        for r, a in ((r, a) for r in radius for a in angles):
+            c = np.array([px + r * np.cos(a), py + r * np.sin(a)])
+            inside = min(c[0] - box[0], box[2] - c[0], c[1] - box[1], box[3] - c[1]) - 8
+            room = min([inside] + [np.linalg.norm(c - o) - 11 for o in obstacles]  # marker + label radius
+                       + [np.linalg.norm(c - q) - 15 for q, _ in placed]
+                       + [seg_dist(q, p, c) - 9 for q, _ in placed]  # its leader clear of other labels
+                       + [seg_dist(c, q0, q) - 9 for q, q0 in placed]  # and it clear of their leaders
+                       + [seg_dist(c, a_, b_) - 8 for a_, b_ in lines] + [99.0])
+            if room > best_room:
+                best, best_room = c, room
+            if room > 0:
+                break
+        placed.append((np.asarray(best), p))
+        offsets.append((best[0] - px, best[1] - py))
+    return offsets
+
+
 def plot(df, roofs: Sequence[Roof], ax=None, title: str = "", labels: Mapping[tuple[str, str], str] | None = None):
-    """Log-log roofline: every roof (measured solid, datasheet dashed), the ridge of the first one, and
-    every row of ``df`` with FLOP > 0 as a point, coloured by provider and shaped by the arithmetic it ran
-    in (a legend for each); only the points named in ``labels`` ({(chapter, variant): text}) are labelled."""
+    """Log-log roofline: every roof (the first solid, the other measured ones dash-dotted, datasheet ones
+    dashed), the ridge of the first one, and every row of ``df`` with FLOP > 0 as a point, coloured by
+    provider and shaped by the arithmetic it ran in. Only the points named in ``labels``
+    ({(chapter, variant): text}) are numbered, each number placed clear of every point, line and other
+    number; the legends (provider, arithmetic, numbered points, roofs) sit outside the plotting area."""
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.lines import Line2D
 
     from ..harness.plots import CEILING, OURS
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8.5, 5.5))
+    if ax is None:  # room for the legends: a column right of the plot, the roofs' key below it
+        fig, ax = plt.subplots(figsize=(8.2, 5.9))
+        fig.subplots_adjust(left=0.1, right=0.73, top=0.94, bottom=0.3)
     pts = df[df["FLOP"] > 0]
     lo = min([0.05, *(pts["FLOP/byte"] / 3)])
     hi = max([1e4, *(pts["FLOP/byte"] * 3)])
     x = np.logspace(np.log10(lo), np.log10(hi), 400)
+    styles = iter(["-", "-.", (0, (5, 1, 1, 1, 1, 1))])
+    roof_handles, drawn = [], []
     for roof in roofs:
-        ax.plot(x, np.minimum(roof.peak, roof.bandwidth * x) / 1e12, color=CEILING, lw=0.9 if roof.dashed else 1.3,
-                ls="--" if roof.dashed else "-", alpha=0.6 if roof.dashed else 0.9)
-        text = f"{roof.label}: {roof.peak / 1e12:.1f} TFLOP/s"
-        if roof.dashed:  # datasheet roofs: labelled left of their ridge, clear of the measured ones
-            ax.annotate(text, (ridge(roof.peak, roof.bandwidth), roof.peak / 1e12), xytext=(-4, 4),
-                        textcoords="offset points", ha="right", fontsize=7, color=CEILING, alpha=0.8)
-        else:
-            ax.annotate(text, (hi, roof.peak / 1e12), xytext=(-4, -10), textcoords="offset points",
-                        ha="right", fontsize=7, color=CEILING)
-    for bw, dashed in sorted({(r.bandwidth, r.dashed) for r in roofs}):
-        ax.annotate(f"{bw / 1e12:.2f} TB/s{' (datasheet)' if dashed else ''}", (lo, bw * lo / 1e12),
-                    xytext=(6, 6 if dashed else -12), textcoords="offset points", fontsize=7, color=CEILING)
+        ls = "--" if roof.dashed else next(styles)
+        y = np.minimum(roof.peak, roof.bandwidth * x) / 1e12
+        ax.plot(x, y, color=CEILING, lw=0.9 if roof.dashed else 1.3, ls=ls, alpha=0.6 if roof.dashed else 0.9)
+        drawn.append((x, y))
+        roof_handles.append(Line2D([], [], color=CEILING, ls=ls, lw=1.3, label=f"{roof.label}: "
+                                   f"{roof.peak / 1e12:.1f} TFLOP/s, {roof.bandwidth / 1e12:.2f} TB/s"))
     first = roofs[0]
     r = ridge(first.peak, first.bandwidth)
     ax.axvline(r, color=CEILING, lw=0.7, ls=":")
-    ax.annotate(f"ridge {r:.1f} FLOP/B", (r, first.peak / 1e12), xytext=(4, -12), textcoords="offset points",
-                fontsize=7)
+    roof_handles.append(Line2D([], [], color=CEILING, lw=0.7, ls=":", label=f"ridge of the first: {r:.1f} FLOP/byte"))
     for (prov, maths), grp in pts.groupby(["provider", "math"], sort=True):
         ax.scatter(grp["FLOP/byte"], grp["TFLOP/s"], c=PROVIDER_COLOURS.get(prov, CEILING),
                    marker=MATH_MARKERS.get(maths, "X"), s=34, edgecolors="black", linewidths=0.4, zorder=3,
                    alpha=0.85)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    top = max([ro.peak / 1e12 for ro in roofs] + list(pts["TFLOP/s"]))
+    ax.set(xlim=(lo / 1.5, hi * 1.5), ylim=(min([*pts["TFLOP/s"], top / 1e3]) / 2, top * 2.5))
+    ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte, from the counts)")
+    ax.set_ylabel("TFLOP/s (counted FLOP / median time)")
+    ax.set_title(title)
     chosen = []  # (x, y, text) of each labelled point that is on the plot
     for (ch, v), text in (labels or {}).items():
         row = pts[(pts["chapter"] == ch) & (pts["variant"] == v)]
         if len(row):
             chosen.append((row["FLOP/byte"].iloc[0], row["TFLOP/s"].iloc[0], text))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.autoscale_view()
-    # Each labelled point gets a number just right of it, keyed in a legend: no text over the points.
-    # Numbers of points at about the same intensity are stacked in the order of the points' heights,
-    # at least 11 pt apart, so that no two leader lines cross.
-    placed_at: list[tuple[float, float]] = []  # (x, y) of each number, in display points
+    # Numbers beside the labelled points, clear of every point, roof, the ridge and each other: placed in
+    # display points (the figure's layout is fixed by now: the legends below sit outside the axes).
     to_pt = 72 / ax.figure.dpi
-    order = sorted(range(len(chosen)), key=lambda i: -chosen[i][1])  # from the top down
-    dy = {}
-    for i in order:
-        px, py = (v * to_pt for v in ax.transData.transform((chosen[i][0], chosen[i][1])))
-        y = py + 5
-        for qx, qy in placed_at:
-            if abs(qx - px) < 30 and y > qy - 11:
-                y = qy - 11
-        placed_at.append((px, y))
-        dy[i] = y - py
-    for k, (x0, y0, _) in enumerate(chosen):
-        ax.annotate(f"{k + 1}", (x0, y0), xytext=(11, dy[k]), textcoords="offset points", ha="center",
-                    va="center", fontsize=8, fontweight="bold", color=OURS, zorder=5,
+    disp = lambda xs, ys: ax.transData.transform(np.column_stack([xs, ys])) * to_pt  # noqa: E731
+    anchors = disp([c[0] for c in chosen], [c[1] for c in chosen]) if chosen else []
+    obstacles = list(disp(pts["FLOP/byte"], pts["TFLOP/s"]))
+    lines = []
+    for xs, ys in drawn:
+        d = disp(xs[::8], ys[::8])
+        lines += list(zip(d[:-1], d[1:], strict=True))
+    ylo, yhi = ax.get_ylim()
+    lines.append(tuple(disp([r, r], [ylo, yhi])))
+    (x0, y0), (x1, y1) = ax.transAxes.transform([(0, 0), (1, 1)]) * to_pt
+    for k, ((x0_, y0_, _), off) in enumerate(zip(chosen, _place_numbers(anchors, obstacles, lines, (x0, y0, x1, y1)),
+                                                strict=True)):
+        ax.annotate(f"{k + 1}", (x0_, y0_), xytext=off, textcoords="offset points", ha="center",
+                    va="center", fontsize=9, fontweight="bold", color=OURS, zorder=5,
                     bbox={"boxstyle": "circle,pad=0.15", "fc": "white", "ec": OURS, "lw": 0.6},
                     arrowprops={"arrowstyle": "-", "lw": 0.6, "color": OURS, "shrinkA": 0, "shrinkB": 3})
+    names = {"3xtf32": "3xTF32"}
     by_provider = [Line2D([], [], ls="", marker="o", color=PROVIDER_COLOURS.get(p, CEILING), label=p)
                    for p in sorted(set(pts["provider"]))]
     by_math = [Line2D([], [], ls="", marker=MATH_MARKERS.get(m, "X"), color="white", markeredgecolor="black",
-                      label=m.upper()) for m in sorted(set(pts["math"]))]
-    leg = ax.legend(handles=by_provider, title="provider", fontsize=7, title_fontsize=7, loc="lower right")
-    ax.add_artist(leg)
-    leg = ax.legend(handles=by_math, title="arithmetic that ran", fontsize=7, title_fontsize=7, loc="upper left")
-    if chosen:
-        ax.add_artist(leg)
-        keyed = [Line2D([], [], ls="", marker=f"${k + 1}$", color=OURS, label=text)
-                 for k, (_, _, text) in enumerate(chosen)]
-        ax.legend(handles=keyed, title="numbered points", fontsize=7, title_fontsize=7, loc="lower right",
-                  bbox_to_anchor=(0.83, 0.0))
-    ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte, from the counts)")
-    ax.set_ylabel("TFLOP/s (counted FLOP / median time)")
-    ax.set_title(title)
+                      label=names.get(m, m.upper())) for m in sorted(set(pts["math"]))]
+    side = {"fontsize": 9, "title_fontsize": 9, "loc": "upper left", "alignment": "left"}
+    keyed = [Line2D([], [], ls="", marker=f"${k + 1}$", color=OURS, label=text)
+             for k, (_, _, text) in enumerate(chosen)]
+    renderer, inv = ax.figure.canvas.get_renderer(), ax.transAxes.inverted()
+    below = -42 / (ax.get_window_extent(renderer).height * to_pt)  # the roofs' key: 42 pt below, under the
+    ax.add_artist(ax.legend(handles=roof_handles, title="roofs (measured rates; dashed: datasheet)",  # axis title
+                            bbox_to_anchor=(0.0, below), **side))
+    y = 1.0  # the column right of the plot, each legend below the one before; the last stays ax.get_legend()
+    column = [c for c in ((by_provider, "provider"), (by_math, "arithmetic that ran"), (keyed, "numbered points"))
+              if c[0]]
+    for k, (handles, name) in enumerate(column):
+        leg = ax.legend(handles=handles, title=name, bbox_to_anchor=(1.02, y), **side)
+        if k < len(column) - 1:
+            ax.add_artist(leg)
+        y = inv.transform(leg.get_window_extent(renderer))[0][1] - 0.03
     return ax
 
 
