@@ -3,7 +3,7 @@
 The reference in float64, the calls of the two kernels of ``kernels/conv3d_gn_mean``, the work
 decomposition of the fused kernel (from its constants, read from the built module), the float32
 model of its pivot-shifted statistics, the Nsight Compute request for it, and its version ladder
-(``notes/conv3d_gn_mean.ladder.json``).
+(``LADDER``) and figures.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..harness.paths import ROOT
 from .problems import P27, P27_CONV3D_GN_MEAN
 
 TOL = 1e-5  # the chapter's bound on an fp32 result's relative error against float64
@@ -208,18 +207,55 @@ def stalls(nc: Mapping[str, float]) -> dict[str, float]:
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
 
-def ladder(rec: dict, floor_ms: float, path=None) -> list[dict]:
-    """The kernel's versions (``notes/conv3d_gn_mean.ladder.json``) with this record's times, where a
-    version was measured, and the share of the FFMA floor each reached."""
-    steps = json.loads((path or ROOT / "notes" / "conv3d_gn_mean.ladder.json").read_text())
+# The kernel's versions, in the order they were built, with what each changed and the variant that
+# times it (None: a version that was not timed, for the reason given).
+LADDER = [
+    {"version": "eager PyTorch", "variant": "eager",
+     "changed": "the reference module: cuDNN's conv3d, a bias pass, HardSwish, GroupNorm (statistics, "
+                "then the map) and the mean, one kernel each"},
+    {"version": "torch.compile", "variant": "compile",
+     "changed": "Inductor fuses the bias, HardSwish, GroupNorm and the mean into two Triton kernels; "
+                "the convolution stays cuDNN's"},
+    {"version": "torch.compile, max-autotune", "variant": "compile_max",
+     "changed": "the same graph, with Inductor's autotuned configurations"},
+    {"version": "tail fused", "variant": "tail_fused",
+     "changed": "cuDNN's conv3d, then one tail kernel of ours (pivot-shifted sums, the mean from "
+                "channel statistics): capped by Amdahl's law"},
+    {"version": "v1: the convolution on chip", "variant": None,
+     "changed": "one block per sample, the sample and the weights in shared memory, 8 channels × 8 "
+                "columns per thread and 16 running sums per thread: they spill at the 128 registers "
+                "512 threads allow, so it was not timed"},
+    {"version": "v2: warp reduce-scatter", "variant": None,
+     "changed": "the 16 item sums reduce-scattered over the warp, one running sum per lane: no "
+                "spills, but staging kept one load in flight per thread (the machine code shows it), "
+                "so it was not timed"},
+    {"version": "v3: 8 loads in flight while staging", "variant": "ours",
+     "changed": "staging issues 8 loads per thread before their stores: the default kernel"},
+    {"version": "v3, filter depths unrolled 2×", "variant": "ours_kd2",
+     "changed": "the filter-depth loop unrolled twice (KB_P27_KD_UNROLL=2): fewer address and loop "
+                "instructions per FFMA, twice the code"},
+    {"version": "v3, filter depths unrolled 4×", "variant": "ours_kd4",
+     "changed": "the whole filter in one unrolled body (KB_P27_KD_UNROLL=4)"},
+    {"version": "v3 on the tensor cores (3xTF32)", "variant": "ours_tc",
+     "changed": "math='3xtf32': the convolution on mma.sync m16n8k8 with chapter 6's 3xTF32 split; "
+                "faster, less accurate than FFMA: an option, not the default"},
+]
+
+
+def ladder(rec: dict, floor_ms: float, path=None, floors: Mapping[str, float] | None = None) -> list[dict]:
+    """The kernel's versions (``LADDER``, or a JSON list of the same at ``path``) with this record's
+    times, where a version was timed, the share of the FFMA floor ``floor_ms`` each reached, and the
+    share of its own floor (``floors``: variant → ms, for a path on other units; else the FFMA floor)."""
+    steps = json.loads(path.read_text()) if path else LADDER
     rows = []
     for s in steps:
-        ms = rec["timings_ms"][s["variant"]]["median"] if s.get("variant") else float("nan")
-        rows.append({"version": s["version"], "variant": s.get("variant") or "",
-                     "time (ms)": ms, "predicted (ms)": s.get("predicted_ms", float("nan")),
-                     "% of FFMA peak": 100 * floor_ms / ms, "what changed": s["changed"]})
+        v = s.get("variant") or ""
+        ms = rec["timings_ms"][v]["median"] if v else float("nan")
+        own = (floors or {}).get(v, floor_ms)
+        rows.append({"version": s["version"], "variant": v, "time (ms)": ms,
+                     "% of FFMA peak": 100 * floor_ms / ms, "% of its floor": 100 * own / ms,
+                     "what changed": s["changed"]})
     return rows
-
 
 
 COUNTERS = {"ffma_share": "FFMA share of warp instructions, %",
@@ -232,73 +268,111 @@ COUNTERS = {"ffma_share": "FFMA share of warp instructions, %",
 
 def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in: int, h: int,
                k: int, smem_limit: int):
-    """The fused kernel's decomposition of one sample, from its constants and launch plan: which
-    warp of a channel group computes each output value of depth 0 (left), and what one block
+    """The fused kernel's decomposition of one sample, from its constants and launch plan: which warp
+    of the first channel group computes each output value of depth 0 (left: a warp takes 32
+    consecutive items, each a row's block of columns, so whole output rows), and what one block
     stages in shared memory (right)."""
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     from ..harness import plots
 
     _, ho, wo = out_shape
-    cols, warps = dz["cols"], dz["warps_per_group"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4.4), width_ratios=[1.3, 1])
-    slot = (np.arange(ho * dz["col_blocks"]) // 32) % warps  # items of depth 0, 32 per warp
+    cols, groups = dz["cols"], dz["groups"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(8.5, 4.3), width_ratios=[1.25, 1])
+    slot = np.arange(ho * dz["col_blocks"]) // 32  # items of depth 0, 32 per warp slot, in order
     grid = np.repeat(slot.reshape(ho, -1), cols, axis=1).astype(float)
-    grid[:, wo:] = np.nan                                      # computed, then masked out
-    ax.imshow(grid, cmap="tab10", vmin=0, vmax=9, aspect="auto", interpolation="nearest")
+    grid[:, wo:] = np.nan                          # computed, then masked out
+    colours = ["#2980b9", "#16a085", "#e67e22", "#8e44ad", "#c0392b", "#7f8c8d"]
+    cmap = plt.matplotlib.colors.ListedColormap(colours[: int(slot.max()) + 1])
+    ax.imshow(grid, cmap=cmap, aspect="auto", interpolation="nearest")
     ax.add_patch(plt.Rectangle((wo - 0.5, -0.5), grid.shape[1] - wo, ho, hatch="///", fill=False,
                                color=plots.CEILING))
     for q in range(1, dz["col_blocks"]):
         ax.axvline(q * cols - 0.5, color="white", lw=1)
-    ax.set(xlabel=f"output column (items of {cols}; hatched: computed for nothing)",
-           ylabel="output row",
-           title=f"Depth 0, channels 0–{dz['co_t'] - 1}: colour = which of {warps} warps")
+    handles = []
+    for s_ in range(int(slot.max()) + 1):  # warp = slot × groups + group (the kernel's mapping)
+        rows = np.flatnonzero((slot.reshape(ho, -1) == s_).any(axis=1))
+        handles.append(Patch(color=colours[s_], label=f"warp {s_ * groups}: rows {rows[0]}–{rows[-1]}"))
+    handles.append(Patch(fill=False, hatch="///", color=plots.CEILING, label="computed, discarded"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, fontsize=9,
+              handlelength=1.2, columnspacing=1.0)
+    ax.set(xlabel=f"output column (items of {cols} columns)", ylabel="output row",
+           title=f"Depth 0, channels 0–{dz['co_t'] - 1}: which warp")
     planes, pitch = plan["depths_per_slab"] + 3, plan["row_pitch"]
-    wt = c_in * k**3 * dz["co_t"] * dz["groups"] * 4
+    wt = c_in * k**3 * dz["co_t"] * groups * 4
     inp = c_in * planes * h * pitch * 4
-    left = 0
-    for label, size, colour, y in [("weights", wt, plots.BASELINE, 0.45),
-                                   (f"input: {c_in}×{planes}×{h}×{pitch}", inp, plots.OURS, 0.45),
-                                   ("statistics", plan["smem_bytes"] - wt - inp, plots.CEILING, -0.55)]:
-        bx.barh(0, size / 1024, left=left / 1024, color=colour, edgecolor="white")
-        bx.annotate(f"{label}\n{size / 1024:,.1f} KiB", (left / 1024 + size / 2048, y), ha="center",
-                    fontsize=9)
+    parts = [("weights", wt, plots.BASELINE), (f"input {c_in}×{planes}×{h}×{pitch}", inp, plots.OURS),
+             ("statistics", plan["smem_bytes"] - wt - inp, plots.CEILING)]
+    left, handles = 0, []
+    for label, size, colour in parts:
+        bx.barh(0, size / 1024, left=left / 1024, height=0.6, color=colour, edgecolor="white")
+        handles.append(Patch(color=colour, label=f"{label}: {size / 1024:,.1f} KiB"))
         left += size
     bx.axvline(smem_limit / 1024, color="black", ls=":")
-    bx.set(ylim=(-0.8, 1.0), yticks=[], xlabel="shared memory per block (KiB); dotted: limit",
+    handles.append(plt.Line2D([], [], color="black", ls=":", label=f"limit: {smem_limit / 1024:,.0f} KiB"))
+    bx.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.17), fontsize=9,
+              handlelength=1.2)
+    bx.set(ylim=(-0.6, 0.6), yticks=[], xlabel="shared memory per block (KiB)",
            title="What one block stages")
     fig.tight_layout()
+    fig.subplots_adjust(bottom=0.38)  # room for the legends below the axes
     return fig
 
 
-def plot_ladder(steps, floor_ms: float, rec: Mapping):
-    """Horizontal bars of the measured versions (``ladder`` rows with a variant), log time, with
-    the FFMA floor dotted; coloured by the provider each variant declares in ``rec``."""
+def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float] | None = None):
+    """Horizontal bars of the timed versions (``ladder`` rows with a variant), log time, each labelled
+    with its time and the share of its own floor; the FFMA floor dotted, other floors (``floors``:
+    name → ms) dash-dotted; coloured by the provider each variant declares in ``rec``."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     from ..harness import plots
 
     timed = [s for s in steps if s["variant"]]
-    fig, ax = plt.subplots(figsize=(8, 0.42 * len(timed) + 1.2))
-    ax.barh([s["version"] for s in timed], [s["time (ms)"] for s in timed],
+    ms = [s["time (ms)"] for s in timed]
+    fig, ax = plt.subplots(figsize=(8, 0.42 * len(timed) + 1.4))
+    ax.barh([s["version"] for s in timed], ms,
             color=[plots.colour(rec["variants"][s["variant"]]["provider"]) for s in timed])
-    ax.axvline(floor_ms, color=plots.CEILING, ls=":")
-    ax.annotate("FFMA peak", (floor_ms, -0.45), fontsize=7, xytext=(3, 0),  # above the first bar
-                textcoords="offset points")
-    ax.set(xscale="log", xlabel="median time (ms, log scale)", title="P27, version by version")
+    for y, (s, t) in enumerate(zip(timed, ms, strict=True)):
+        ax.text(t * 1.04, y, f"{t:.{2 if t < 10 else 1}f} ms, {s['% of its floor']:.0f} %",
+                va="center", fontsize=9)
+    lines = [(floor_ms, ":", "FFMA floor")] + [(x, "-.", name) for name, x in (floors or {}).items()]
+    for x, ls, label in lines:
+        ax.axvline(x, color=plots.CEILING, ls=ls, lw=1, label=f"{label}: {x:.2f} ms")
+    ax.set(xscale="log", xlim=(min(x for x, _, _ in lines) * 0.8, max(ms) * 2.2),
+           xlabel="median time (ms, log scale); beside each bar: time, % of its floor",
+           title="P27, version by version")
+    first = lambda v: round(v / 10 ** math.floor(math.log10(v)))  # noqa: E731  leading digit
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if first(v) in (2, 5) else ""))
+    ax.legend(loc="lower right", fontsize=9)
     ax.invert_yaxis()
     return fig
 
 
-def design_rows(dz: Mapping, n: int, sms: int) -> dict[str, object]:
-    """The decomposition from ``design`` as rows of a table, for one block per SM."""
-    return {"channels × columns per thread": f"{dz['co_t']} × {dz['cols']}",
-            "threads per block (one block per sample)": dz["threads"],
-            "channel groups × warps per group": f"{dz['groups']} × {dz['warps_per_group']}",
-            "work items per sample and group": dz["items"],
-            f"rounds of {dz['lanes_per_group']} lanes": dz["rounds"],
-            "useful fraction of issued FFMAs": f"{dz['useful']:.3f}",
-            f"waves of {n} blocks on {sms} SMs": f"{n / sms:.2f}"}
+def design_rows(dz: Mapping, n: int, sms: int):
+    """The decomposition from ``design`` as a named column of a table, for one block per SM."""
+    import pandas as pd
+
+    return pd.Series({"channels × columns per thread": f"{dz['co_t']} × {dz['cols']}",
+                      "threads per block (one block per sample)": dz["threads"],
+                      "channel groups × warps per group": f"{dz['groups']} × {dz['warps_per_group']}",
+                      "work items per sample and group": dz["items"],
+                      f"rounds of {dz['lanes_per_group']} lanes": dz["rounds"],
+                      "useful fraction of issued FFMAs": f"{dz['useful']:.3f}",
+                      f"waves of {n} blocks on {sms} SMs": f"{n / sms:.2f}"},
+                     name="value").rename_axis("quantity")
+
+
+def counter_table(counters: Mapping[str, float], stalls: Mapping[str, float]):
+    """``counters`` (keys of ``COUNTERS``) and ``stalls`` (reason → warps per issue) as one named
+    column of a table."""
+    import pandas as pd
+
+    rows = {COUNTERS[k]: v for k, v in counters.items()}
+    rows |= {f"warps stalled per issue: {s}": v for s, v in stalls.items()}
+    return pd.Series(rows, name="value").rename_axis("counter")
 
 
 def counters(nc: Mapping[str, float], macs: int, input_bytes: int) -> dict[str, float]:
