@@ -374,7 +374,8 @@ def cancellation_picture(ax, x: np.ndarray) -> dict[str, float]:
     """Draw the float32 bits of E[x²] and E[x]² of the values ``x`` (one group), aligned by their
     weights (columns are powers of 2), with the bits the subtraction cancels grey and the bits left
     for the variance coloured; returns the numbers drawn."""
-    from matplotlib.patches import Rectangle
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
 
     from ..harness.plots import BASELINE, CEILING, OURS
 
@@ -406,6 +407,11 @@ def cancellation_picture(ax, x: np.ndarray) -> dict[str, float]:
     ax.set_yticks([])
     ax.set_xlabel("bit position (weight $2^k$, falling from left to right)")
     ax.grid(False)
+    ax.legend(handles=[Patch(color=BASELINE, alpha=0.85, label="bit both share: cancels"),
+                       Patch(color=OURS, alpha=0.85, label="bit left after the subtraction"),
+                       Patch(color="none", label="dark: 1, light: 0"),
+                       Line2D([], [], color=CEILING, ls=":", lw=1, label="first bit that differs")],
+              loc="upper right", fontsize=8, handlelength=1.4)
     kept = max(0, 24 - (top - ev))
     return {"ex2": float(ex2), "e2x": float(e2x), "computed": float(diff), "true": true_var,
             "cancelled_bits": same, "bits_left": kept}
@@ -452,7 +458,7 @@ def plot_sweep(ax, med, worst, ratios, styles: dict) -> None:
     ax.plot(ratios, u * np.asarray(ratios), color="k", ls=":", lw=1, label="u·μ/σ (∝ μ/σ)")
     ax.set(xscale="log", yscale="log", ylim=(floor / 2, 1e5), xlabel="μ/σ",
            ylabel="relative error of the variance\n(median, bar to max)")
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below the axes
 
 
 # ---- the chapter's bookkeeping: summaries of the experiments, and the GPU runs of the kernel ----
