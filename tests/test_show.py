@@ -22,3 +22,11 @@ def test_long_identifiers_break_after_separators_and_stay_escaped():
 def test_table_html_uses_the_headers():
     html = show.table_html({"r": {"spill_store_bytes": 4, "issue %": 39.4}})
     assert "<th>spill_<wbr>store_<wbr>bytes</th>" in html and "<th>issue %</th>" in html
+
+
+def test_long_identifiers_in_table_cells_may_break_after_an_underscore():
+    from kernelbook.harness.show import table_html
+
+    out = table_html({"compile_eval_max_autotune": {"what": "cudnn_folded_cl_tf32 alone", "ms": 0.5}})
+    assert "compile_<wbr>eval_<wbr>max_<wbr>autotune" in out and "cudnn_<wbr>folded_<wbr>cl_<wbr>tf32 alone" in out
+    assert "<wbr>" not in table_html({"short_name": {"what": "a_b"}})

@@ -121,6 +121,12 @@ def _header(text: str) -> str:
     return " ".join(words)
 
 
+def _breakable(text: str) -> str:
+    """Escaped HTML text whose long identifiers (``compile_eval_max_autotune``) may break after an ``_``,
+    so a column of variant names can be narrower than its longest name."""
+    return " ".join(re.sub(r"_(?=\w)", "_<wbr>", w) if len(w) > 16 else w for w in text.split(" "))
+
+
 def table_html(data, formats: Mapping[str, str | Callable] | None = None, title: str | None = None,
                collapse: bool | None = None, index: bool | None = None) -> str:
     """The HTML of ``table`` (see there)."""
@@ -135,15 +141,15 @@ def table_html(data, formats: Mapping[str, str | Callable] | None = None, title:
                    for c in ([df.index.name or ""] if show_index else []) + cols)
     rows = []
     for idx, row in zip(df.index, df.itertuples(index=False), strict=True):
-        cells = [f'<th class="kb-row">{html.escape(str(idx))}</th>'] if show_index else []
+        cells = [f'<th class="kb-row">{_breakable(html.escape(str(idx)))}</th>'] if show_index else []
         for c, v in zip(cols, row, strict=True):
             text, numeric = _cell(v, kinds[c])
             if numeric:
                 cells.append(f'<td class="kb-num">{text}</td>')
             elif any(len(word) > 24 for word in text.split()):  # a kernel name: may break anywhere
                 cells.append(f'<td class="kb-long">{text}</td>')
-            else:  # words stay whole
-                cells.append(f"<td>{text}</td>")
+            else:  # words stay whole; identifiers may break after an underscore
+                cells.append(f"<td>{_breakable(text)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     body = (f'<table class="kb-table"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")
