@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from . import precision, timing
+from . import precision, progress, timing
 
 PROVIDERS = ("ours", "eager", "compile", "cudnn", "cublas", "torch")
 
@@ -61,7 +61,9 @@ def run(rec: dict, variants: Mapping[str, Variant], warmup: int = 25, rep: int =
     """Time every variant live (or read the recorded times) and return ``results(rec, variants)``."""
     declare(rec, variants)
     if rec.get("live"):
-        for name, v in variants.items():
+        todo = variants.items() if len(variants) < 3 else progress.track(
+            variants.items(), f"timing {rec['chapter']}", "variants", name=lambda kv: kv[0])
+        for name, v in todo:
             if v.fn is None:
                 raise ValueError(f"variant {name!r} has no function to time")
             now = precision.state()

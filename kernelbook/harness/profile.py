@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import progress
 from .timing import nvtx_range
 
 
@@ -129,7 +130,8 @@ def ncu(script: str, chapter: str, variants: Iterable[str], metrics: Iterable[st
         path.write_text(script)
         runs = [(None, ncu_command(chapter, "", metrics, [sys.executable, str(path)]))] if one_process else [
             (v, ncu_command(chapter, v, metrics, [sys.executable, str(path)])) for v in variants]
-        for v, cmd in runs:
+        for v, cmd in progress.track(runs, f"Nsight Compute, {chapter}", "runs",
+                                     name=lambda r: r[0] or "every range"):
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             what = f"{chapter}/{v}" if v else f"{chapter}/"
             if res.returncode != 0:

@@ -225,13 +225,17 @@ def run_sweep(shapes, x, w, b, y, chapter: str) -> list[dict]:
     against float64 and time it (GPU only). Rows: the shape, rel_err, median ms."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..harness import build, check, timing
+    from ..harness import build, check, progress, timing
 
     with ThreadPoolExecutor(len(shapes)) as pool:
         mods = list(pool.map(lambda d: build.load("conv2d_folded", defines=d), shapes))
     ref = nn.functional.conv2d(x.double(), w.double(), b.double())
     rows = []
-    for d, m in zip(shapes, mods, strict=True):
+    def shape_name(dm) -> str:
+        return ", ".join(f"{k.removeprefix('KB_CONV_')}={v}" for k, v in dm[0].items())
+
+    for d, m in progress.track(list(zip(shapes, mods, strict=True)), f"sweep, {chapter}", "tile shapes",
+                               name=shape_name):
         out = check.poisoned(y.shape, device="cuda")
         m.conv2d_folded(x, w, b, out)
         ok = check.assert_close(out, ref, 1e-5, what=f"sweep {d}")
