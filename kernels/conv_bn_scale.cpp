@@ -12,7 +12,7 @@
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
 // math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
-// cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it runs, else fp32) — except for
+// cores; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it is faster than FFMA: tc_rates.h, else fp32) — except for
 // the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the FFMA
 // convolution is the more accurate (chapter 7 measures both); math="3xtf32" puts it on the tensor cores too.
 #include <torch/extension.h>
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "conv_bn_scale.h"
+#include "tc_rates.h"
 #include "torch_checks.h"
 
 namespace {
@@ -81,7 +82,8 @@ void check_channel_vector(const char* op, const std::optional<torch::Tensor>& t,
 const float* ptr_or_null(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
 
 // The output convolution's arithmetic for x on its GPU: math "auto" → 3xTF32 where it runs (sm_80 or newer,
-// C_in ≤ 8), FFMA otherwise; "3xtf32" where it cannot run is an error that says why.
+// C_in ≤ 8) and pays (dense TF32 at least 3.5× FP32: tc_rates.h — not on sm_86/sm_89), FFMA otherwise;
+// "3xtf32" where it cannot run is an error that says why.
 int resolve_math(const char* op, const std::string& math, const torch::Tensor& x) {
     KB_CHECK(math == "auto" || math == "fp32" || math == "3xtf32", op,
              ": math must be 'auto', 'fp32' or '3xtf32', got '", math, "'");
@@ -92,7 +94,7 @@ int resolve_math(const char* op, const std::string& math, const torch::Tensor& x
     kb::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.device().index()), op,
                    "reading the GPU's compute capability");
     const bool gpu_ok = major >= 8, channels_ok = x.size(1) <= cbs_tf32_max_channels();
-    if (math == "auto") return gpu_ok && channels_ok ? kCbs3xTf32 : kCbsFp32;
+    if (math == "auto") return gpu_ok && channels_ok && kb_3xtf32_pays(major, minor) ? kCbs3xTf32 : kCbsFp32;
     KB_CHECK(gpu_ok, op, ": math='3xtf32' needs tensor cores with TF32 (sm_80 or newer); this GPU is sm_",
              major * 10 + minor, " (use math='fp32' or 'auto')");
     KB_CHECK(channels_ok, op, ": math='3xtf32' supports at most ", cbs_tf32_max_channels(),

@@ -2213,7 +2213,7 @@ CPP_SRC = r'''
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
 // math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
-// cores, float32-accurate; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it runs, else fp32) — except for
+// cores; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it is faster than FFMA: tc_rates.h, else fp32) — except for
 // the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the FFMA
 // convolution is the more accurate (chapter 7 measures both); math="3xtf32" puts it on the tensor cores too.
 #include <torch/extension.h>
@@ -2299,6 +2299,40 @@ int64_t cbs_moments_workspace();
 int64_t cbs_guard_offset();
 double cbs_guard_kappa_max(int math);
 // ---- end conv_bn_scale.h ----
+// ---- begin tc_rates.h (inlined by scripts/make_solutions.py) ----
+// tc_rates.h — when the tensor cores' 3xTF32 beats the CUDA cores' FFMA, by GPU architecture (torch-free).
+//
+// 3xTF32 issues three TF32 tensor-core products for each float32 one, so it is faster than FFMA only where
+// dense TF32 runs well over 3× the FP32 FMA rate. The table gives that ratio per SM and clock, from NVIDIA's
+// datasheets (dense, no sparsity; datacenter parts where a capability has both):
+//   sm_80 A100         TF32 156 / FP32 19.5 TFLOP/s  ≈ 8
+//   sm_86 A10, A40     62.5 / 31.2                    ≈ 2    (GeForce RTX 30: ≈ 1)
+//   sm_87 Jetson Orin  as sm_86                       ≈ 2
+//   sm_89 L4, L40S     60 / 30.3, 183 / 91.6          ≈ 2    (GeForce RTX 40: ≈ 1)
+//   sm_90 H100, H200   495 / 67                       ≈ 7.4
+//   sm_100, sm_103 B200, B300   ≈ 1,100 / 80          ≈ 14
+//   sm_120 RTX 50, RTX PRO 6000 (≈ 1 to 2)            ≈ 1.5
+//   sm_75 and older: no TF32 (0).
+// An architecture missing from the table counts as 0: FFMA, which runs everywhere at a known rate.
+
+// Dense TF32 tensor-core FLOP rate over the FP32 FMA rate, per SM and clock, for compute capability
+// major.minor (0 where there is no TF32 or the architecture is not in the table).
+inline double kb_tf32_over_fp32(int major, int minor) {
+    const int cc = 10 * major + minor;
+    switch (cc) {
+        case 80: return 8.0;
+        case 86: case 87: case 89: return 2.0;
+        case 90: return 7.4;
+        case 100: case 103: return 14.0;
+        case 120: case 121: return 1.5;
+        default: return 0.0;
+    }
+}
+
+// math="auto": 3xTF32 where three TF32 products take less time than one FFMA product would — the ratio at
+// least 3.5, leaving room for the split's extra instructions — else FFMA.
+inline bool kb_3xtf32_pays(int major, int minor) { return kb_tf32_over_fp32(major, minor) >= 3.5; }
+// ---- end tc_rates.h ----
 // ---- begin torch_checks.h (inlined by scripts/make_solutions.py) ----
 // torch_checks.h — argument checks shared by every binding (.cpp) of the book.
 //
@@ -2508,7 +2542,8 @@ void check_channel_vector(const char* op, const std::optional<torch::Tensor>& t,
 const float* ptr_or_null(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
 
 // The output convolution's arithmetic for x on its GPU: math "auto" → 3xTF32 where it runs (sm_80 or newer,
-// C_in ≤ 8), FFMA otherwise; "3xtf32" where it cannot run is an error that says why.
+// C_in ≤ 8) and pays (dense TF32 at least 3.5× FP32: tc_rates.h — not on sm_86/sm_89), FFMA otherwise;
+// "3xtf32" where it cannot run is an error that says why.
 int resolve_math(const char* op, const std::string& math, const torch::Tensor& x) {
     KB_CHECK(math == "auto" || math == "fp32" || math == "3xtf32", op,
              ": math must be 'auto', 'fp32' or '3xtf32', got '", math, "'");
@@ -2519,7 +2554,7 @@ int resolve_math(const char* op, const std::string& math, const torch::Tensor& x
     kb::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.device().index()), op,
                    "reading the GPU's compute capability");
     const bool gpu_ok = major >= 8, channels_ok = x.size(1) <= cbs_tf32_max_channels();
-    if (math == "auto") return gpu_ok && channels_ok ? kCbs3xTf32 : kCbsFp32;
+    if (math == "auto") return gpu_ok && channels_ok && kb_3xtf32_pays(major, minor) ? kCbs3xTf32 : kCbsFp32;
     KB_CHECK(gpu_ok, op, ": math='3xtf32' needs tensor cores with TF32 (sm_80 or newer); this GPU is sm_",
              major * 10 + minor, " (use math='fp32' or 'auto')");
     KB_CHECK(channels_ok, op, ": math='3xtf32' supports at most ", cbs_tf32_max_channels(),
