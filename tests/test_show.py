@@ -30,3 +30,11 @@ def test_long_identifiers_in_table_cells_may_break_after_an_underscore():
     out = table_html({"compile_eval_max_autotune": {"what": "cudnn_folded_cl_tf32 alone", "ms": 0.5}})
     assert "compile_<wbr>eval_<wbr>max_<wbr>autotune" in out and "cudnn_<wbr>folded_<wbr>cl_<wbr>tf32 alone" in out
     assert "<wbr>" not in table_html({"short_name": {"what": "a_b"}})
+
+
+def test_row_labels_are_shown_under_the_header_they_are_given():
+    from kernelbook.harness.show import table_html
+
+    out = table_html({"flat": {"ms": 0.5}, "tile": {"ms": 0.6}}, index="mapping")
+    assert out.startswith('<div class="kb-table-wrap"><table class="kb-table"><thead><tr><th>mapping</th><th>ms</th>')
+    assert '<th class="kb-row">flat</th>' in out

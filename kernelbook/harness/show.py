@@ -128,12 +128,14 @@ def _breakable(text: str) -> str:
 
 
 def table_html(data, formats: Mapping[str, str | Callable] | None = None, title: str | None = None,
-               collapse: bool | None = None, index: bool | None = None) -> str:
+               collapse: bool | None = None, index: bool | str | None = None) -> str:
     """The HTML of ``table`` (see there)."""
     import pandas as pd
 
     df = _frame(data)
     formats = dict(formats or {})
+    if isinstance(index, str):  # the row labels, under this header
+        df, index = df.rename_axis(index), True
     show_index = index if index is not None else not isinstance(df.index, pd.RangeIndex)
     cols = list(df.columns)
     kinds = {c: formats.get(str(c)) or _infer_kind(str(c), df[c].tolist()) for c in cols}
@@ -163,13 +165,15 @@ def table_html(data, formats: Mapping[str, str | Callable] | None = None, title:
 
 
 def table(data, formats: Mapping[str, str | Callable] | None = None, title: str | None = None,
-          collapse: bool | None = None, index: bool | None = None):
+          collapse: bool | None = None, index: bool | str | None = None):
     """Show ``data`` (a DataFrame, Series, dict of rows, or list of row dicts) as the book's table.
 
     ``formats`` maps a column to a kind — ``int``, ``time`` (3 significant figures), ``num``,
     ``err`` (``1.2e-07``), ``sci``, ``pct`` (``12.3``), ``ratio`` (``1.23``), ``text`` — a format
     string, or a function; other columns get a kind from their name and values. Tables of more than
-    ``COLLAPSE_ROWS`` rows go under a dropdown titled ``title`` (``collapse`` forces either way).
+    ``COLLAPSE_ROWS`` rows go under a dropdown titled ``title`` (``collapse`` forces either way). The row
+    labels (a non-default index) are shown under the index's name; ``index="mapping"`` names them,
+    ``index=False`` hides them.
     """
     from IPython.display import HTML
 
