@@ -642,6 +642,17 @@ def in_flight(launches: dict[str, Launch], registers: dict[str, int], median_ms:
     return pd.DataFrame(rows).T
 
 
+def stall_table(ncu_rows: Iterable[dict], variants: Sequence[str]):
+    """Warps stalled per issued instruction for the first six ``STALL_REASONS`` (waiting on global memory,
+    shared memory, the constant cache or a barrier), one row per variant in ``variants``' order."""
+    import pandas as pd
+
+    st = pd.DataFrame(list(ncu_rows)).pivot_table(index="variant", columns="metric", values="value",
+                                                  aggfunc="sum")
+    st = st.rename(columns={v: k for k, v in NCU_STALLS.items()}).reindex(list(variants))
+    return st.filter(items=STALL_REASONS[:6])
+
+
 def issue_table(ncu_rows: Iterable[dict], ncu_shape: Sequence[int], numel: int, median_ms, copy_ms: float,
                 sms: int, clock_mhz: float):
     """Per profiled variant: thread-instructions per element (from ``NCU_ISSUE``'s counts on the profiled
