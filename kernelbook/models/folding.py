@@ -635,7 +635,7 @@ def ncu_numbers(ncu, ncu_rec: dict, out_bytes: int, macs: int) -> dict:
             "issue_fast": fast["smsp__issue_active" + pct],
             "write_ratio": fast["dram__bytes_write.sum"] / out_bytes,
             "write_short_mb": (out_bytes - fast["dram__bytes_write.sum"]) / 1e6,
-            "l2_mb": ncu_rec["provenance"]["l2_mib"] * 2**20 / 1e6,
+            "l2_mib": ncu_rec["provenance"]["l2_mib"],
             "ffma_waste_pct": 100 * (fast[ffma] / macs - 1)}
 
 
