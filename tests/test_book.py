@@ -94,7 +94,7 @@ def test_method_chapter_shows_recorded_results_and_resources(site):
     html = (site / "notebooks" / "00_method.html").read_text().replace("<wbr>", "")  # header breaks
     if kb.gpu() is None:  # with a GPU the chapter runs live and shows no note
         assert "Recorded GPU results" in html and "H200" in html
-    assert "scale_vec4_kernel" in html and "spill_store_bytes" in html
+    assert "scale_vec4_kernel" in html and "spill store bytes" in html  # the resource report
     if "no-toolkit" in str(site):
         assert "Recorded compiler report" in html, "without nvcc the resource report must say it was recorded"
     assert "{glue" not in html, "a glue reference was left unresolved"
