@@ -651,19 +651,31 @@ def draw_p73_tile(config, out_hw: tuple[int, int], k: int = 3):
     rpt, co_t, groups, wrows, *_, smem_eval, _ = config
     tile_h = rpt * wrows
     tile_w = (smem_eval // 4 - 8 * k * k * co_t * groups) // (16 * (tile_h + k - 1)) - 4
-    fig, ax = plt.subplots(figsize=(10, 3.6))
+    fig, ax = plt.subplots(figsize=(10, 3.8))
     for g in range(groups):  # warp g owns co_t channels; lane l owns columns 2l, 2l + 1, …
         for lane in range(32):
             for c in (2 * lane, tile_w // 2 + 2 * lane):
                 color = plots.OURS if lane % 2 == 0 else plots.BASELINE
                 ax.add_patch(plt.Rectangle((c, g), 2, 0.9, lw=0, color=color))
-        ax.text(-2, g + 0.45, f"warp {g}: ch {g * co_t}–{g * co_t + co_t - 1}", ha="right", va="center",
-                fontsize=9)
+    for c in (2, tile_w // 2 + 2):  # lane 1's columns in each half
+        ax.add_patch(plt.Rectangle((c, 0), 2, groups, fill=False, lw=1.5, ec="black"))
+    ax.axvline(tile_w // 2, color="black", lw=1)
+    ax.text(tile_w // 4, -0.25, "left half", ha="center", fontsize=9)
+    ax.text(3 * tile_w // 4, -0.25, "right half", ha="center", fontsize=9)
+    if out_hw[1] % tile_w:  # the last tile of a row computes columns beyond the plane's edge
+        edge = out_hw[1] % tile_w
+        ax.add_patch(plt.Rectangle((edge, 0), tile_w - edge, groups, fill=False, hatch="///", lw=0,
+                                   ec=plots.CEILING))
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=plots.OURS, label="even lanes"),
-                       plt.Rectangle((0, 0), 1, 1, color=plots.BASELINE, label="odd lanes")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
-    ax.set(xlim=(-38, tile_w), ylim=(groups, 0), yticks=[],
-           xlabel="column in the tile (lane l: 2l, 2l + 1 and the same in the right half)",
-           title=f"a block's {tile_h}×{tile_w} tile of a {out_hw[0]}×{out_hw[1]} plane: {groups} warps × "
-           f"{co_t} channels × {rpt} rows per thread")
+                       plt.Rectangle((0, 0), 1, 1, color=plots.BASELINE, label="odd lanes"),
+                       plt.Rectangle((0, 0), 1, 1, fill=False, lw=1.5, ec="black",
+                                     label=f"lane 1: columns 2, 3, {tile_w // 2 + 2}, {tile_w // 2 + 3}"),
+                       plt.Rectangle((0, 0), 1, 1, fill=False, hatch="///", ec=plots.CEILING,
+                                     label="past the plane's edge (last tile of a row)")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, fontsize=9)
+    ax.set(xlim=(0, tile_w), ylim=(groups, 0), yticks=[g + 0.45 for g in range(groups)],
+           yticklabels=[f"warp {g}: ch {g * co_t}–{g * co_t + co_t - 1}" for g in range(groups)],
+           xlabel="column in the tile (lane l: 2l, 2l + 1 and the same in the right half)")
+    ax.set_title(f"a block's {tile_h}×{tile_w} tile of a {out_hw[0]}×{out_hw[1]} plane: each thread computes "
+                 f"its columns for {co_t} channels and {rpt} rows", pad=16)
     return fig
