@@ -53,12 +53,12 @@ def test_the_chapters_with_headline_operations_declare_their_rows():
 
 
 def test_numbers_are_the_records_cell_by_cell():
-    ceil = summary.ceilings(DEFAULT_GPU)
+    ceil, tc = summary.ceilings(DEFAULT_GPU), summary.tensor_core_rate(DEFAULT_GPU)
     expected = []
     for c, rec in sorted(RECORDS.items()):
         for (problem, operation), by in _declared_rows(rec).items():
             med = {p: rec["timings_ms"][v]["median"] for p, v in by.items()}
-            floor = summary.floor_ms(rec, by["ours"], ceil)
+            floor = summary.floor_ms(rec, by["ours"], ceil, tc)
             expected.append([problem, operation.replace("`", ""), c[:2], _fmt(med["eager"], ".3f"),
                              _fmt(med.get("compile"), ".3f"), _fmt(med["ours"], ".3f"),
                              _fmt(med["eager"] / med["ours"], ".2f"),
@@ -110,6 +110,17 @@ def test_a_synthetic_record_gives_the_rows_it_declares(tmp_path):
     del rec["variants"]["compile"]
     (tmp_path / "h200" / f"{rec['chapter']}.json").write_text(json.dumps(rec))
     assert "| — |" in summary.markdown_table("h200", root=tmp_path)
+    # a 3xTF32 row: no floor without the tensor-core chapter's rate; with it, held to that rate
+    rec["variants"]["ours"]["math"] = "3xtf32"
+    (tmp_path / "h200" / f"{rec['chapter']}.json").write_text(json.dumps(rec))
+    assert summary.rows("h200", root=tmp_path)[0]["% of floor"] is None
+    tc = {"chapter": "06_tensor_cores", "provenance": ref["provenance"], "timings_ms": {"mma_peak": t(1.0)},
+          "variants": {"mma_peak": {"provider": "ours", "math": "tf32", "role": "reference-rate",
+                                    "counts": {"flop": 360e9, "bytes": 0}}}}
+    (tmp_path / "h200" / "06_tensor_cores.json").write_text(json.dumps(tc))
+    assert summary.tensor_core_rate("h200", root=tmp_path) == pytest.approx(120e12)  # 360 TFLOP/s / 3
+    (got,) = [r for r in summary.rows("h200", root=tmp_path) if r["problem"] == "P27"]
+    assert got["% of floor"] == pytest.approx(100 * 0.5 / 2.0)  # max(60 G / 120 T, 2 GB / 4 TB/s) = 0.5 ms
 
 
 def test_built_on_says_how_this_build_ran():

@@ -67,13 +67,29 @@ def table_rows(rec: dict) -> dict[tuple[str, str], dict[str, str]]:
     return out
 
 
-def floor_ms(rec: dict, variant: str, ceil: tuple[float, float] | None) -> float | None:
-    """The roofline bound of ``variant``'s declared counts (module docstring), in ms; None if unknown."""
+TENSOR_CORES = "06_tensor_cores"  # the chapter that measures the tensor cores' rate (its mma_peak kernel)
+
+
+def tensor_core_rate(gpu_slug: str | None = None, root: Path = RESULTS) -> float | None:
+    """FLOP/s of 3xTF32 products on ``gpu_slug``: a third of the TF32 rate the tensor-core chapter's
+    registers-only ``mma_peak`` kernel measured (None where that chapter has no record)."""
+    rec = next((r for r in on_gpu(gpu_slug, root) if r["chapter"] == TENSOR_CORES), None)
+    if rec is None or "mma_peak" not in rec.get("timings_ms", {}):
+        return None
+    flop = rec["variants"]["mma_peak"]["counts"]["flop"]
+    return 1e3 * flop / rec["timings_ms"]["mma_peak"]["median"] / 3
+
+
+def floor_ms(rec: dict, variant: str, ceil: tuple[float, float] | None,
+             tc_rate: float | None = None) -> float | None:
+    """The roofline bound of ``variant``'s declared counts (module docstring), in ms, at the rate of the
+    arithmetic it ran in: the FP32 rate, or for 3xTF32 ``tc_rate`` (``tensor_core_rate``); None if unknown."""
     d = rec.get("variants", {}).get(variant, {})
-    counts = d.get("counts", {})
-    if ceil is None or d.get("math", "fp32") != "fp32" or not counts:
+    counts, math = d.get("counts", {}), d.get("math", "fp32")
+    if ceil is None or not counts or math not in ("fp32", "3xtf32") or (math == "3xtf32" and not tc_rate):
         return None
     peak, bandwidth = ceil
+    peak = tc_rate if math == "3xtf32" else peak
     bandwidth = reference_rates(rec).get("bytes", bandwidth)
     return 1e3 * max(counts.get("flop", 0.0) / peak, counts.get("bytes", 0.0) / bandwidth)
 
@@ -81,12 +97,12 @@ def floor_ms(rec: dict, variant: str, ceil: tuple[float, float] | None) -> float
 def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
     """The table's rows (numbers, not text), chapter by chapter, in the order the chapters declared them."""
     slug = results_gpu(gpu_slug)
-    ceil = ceilings(slug, root)
+    ceil, tc = ceilings(slug, root), tensor_core_rate(slug, root)
     out = []
     for rec in sorted(on_gpu(slug, root), key=lambda r: r["chapter"]):
         for (problem, operation), by in table_rows(rec).items():
             eager, comp, ours = (_median(rec, by.get(p)) for p in ("eager", "compile", "ours"))
-            floor = floor_ms(rec, by["ours"], ceil) if "ours" in by else None
+            floor = floor_ms(rec, by["ours"], ceil, tc) if "ours" in by else None
             out.append({
                 "problem": problem, "operation": operation, "chapter": rec["chapter"],
                 "math": rec["variants"][by["ours"]].get("math", "fp32") if "ours" in by else None,
@@ -142,13 +158,16 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
 def _floor_note(gpu_slug: str | None, root: Path) -> str:
     """What "% of floor" divides by, with the measured ceilings it uses."""
     peak, bandwidth = ceilings(gpu_slug, root) or (float("nan"), float("nan"))
+    tc = tensor_core_rate(gpu_slug, root)
+    tc_text = (f" A row computed in 3xTF32 is held to the tensor cores' rate instead: {tc / 1e12:.1f} TFLOP/s, a "
+               "third of the TF32 rate of the tensor-core chapter's `mma.sync` kernel." if tc else "")
     return ("*% of floor* is the floor's time over ours (100 % is as fast as the hardware allows). The floor is "
             "the operation's least FLOPs and DRAM bytes at measured rates — whichever takes longer: "
             f"{peak / 1e12:.1f} TFLOP/s from the roofline chapter's FFMA kernel, and the device-to-device copy "
             f"rate measured in the same chapter's run where it timed one, else the roofline chapter's "
-            f"{bandwidth / 1e9:,.0f} GB/s. The FFMA rate is measured, not the nominal peak (SMs × FP32 lanes × 2 "
-            "FLOP × clock) that a chapter's \"% of the FFMA peak\" divides by, so the two percentages of the "
-            "same kernel can differ by a little.")
+            f"{bandwidth / 1e9:,.0f} GB/s.{tc_text} The FFMA rate is measured, not the nominal peak (SMs × FP32 "
+            "lanes × 2 FLOP × clock) that a chapter's \"% of the FFMA peak\" divides by, so the two percentages "
+            "of the same kernel can differ by a little.")
 
 
 def built_on() -> str:
