@@ -651,7 +651,7 @@ def draw_p73_tile(config, out_hw: tuple[int, int], k: int = 3):
     rpt, co_t, groups, wrows, *_, smem_eval, _ = config
     tile_h = rpt * wrows
     tile_w = (smem_eval // 4 - 8 * k * k * co_t * groups) // (16 * (tile_h + k - 1)) - 4
-    fig, ax = plt.subplots(figsize=(10, 3.8))
+    fig, ax = plt.subplots(figsize=(8.5, 3.9))
     for g in range(groups):  # warp g owns co_t channels; lane l owns columns 2l, 2l + 1, …
         for lane in range(32):
             for c in (2 * lane, tile_w // 2 + 2 * lane):
@@ -671,11 +671,11 @@ def draw_p73_tile(config, out_hw: tuple[int, int], k: int = 3):
                        plt.Rectangle((0, 0), 1, 1, fill=False, lw=1.5, ec="black",
                                      label=f"lane 1: columns 2, 3, {tile_w // 2 + 2}, {tile_w // 2 + 3}"),
                        plt.Rectangle((0, 0), 1, 1, fill=False, hatch="///", ec=plots.CEILING,
-                                     label="past the plane's edge (last tile of a row)")],
+                                     label=f"past the plane's {out_hw[1]} columns")],
               loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, fontsize=9)
     ax.set(xlim=(0, tile_w), ylim=(groups, 0), yticks=[g + 0.45 for g in range(groups)],
            yticklabels=[f"warp {g}: ch {g * co_t}–{g * co_t + co_t - 1}" for g in range(groups)],
            xlabel="column in the tile (lane l: 2l, 2l + 1 and the same in the right half)")
-    ax.set_title(f"a block's {tile_h}×{tile_w} tile of a {out_hw[0]}×{out_hw[1]} plane: each thread computes "
-                 f"its columns for {co_t} channels and {rpt} rows", pad=16)
+    ax.set_title(f"a block's {tile_h}×{tile_w} tile of a {out_hw[0]}×{out_hw[1]} plane: each thread computes\n"
+                 f"its columns for {co_t} channels and both of the tile's {rpt} rows", pad=16)
     return fig
