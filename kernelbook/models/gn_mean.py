@@ -260,7 +260,7 @@ def ladder(rec: dict, floor_ms: float, path=None, floors: Mapping[str, float] | 
 
 COUNTERS = {"ffma_share": "FFMA share of warp instructions, %",
             "ffma_per_mac": "thread FFMAs per useful multiply-add",
-            "ffma_pred": "the same, predicted: 32/29 columns × (1 + 2/192)",
+            "ffma_pred": "thread FFMAs per useful multiply-add, predicted: 32/29 columns × (1 + 2/192)",
             "fma_pipe": "FMA pipe busy, % of peak", "issue_pct": "issue slots used, %",
             "warps_pct": "warps active, % of the SM's maximum",
             "dram_read_ratio": "DRAM bytes read ÷ input bytes"}
@@ -370,7 +370,7 @@ def counter_table(counters: Mapping[str, float], stalls: Mapping[str, float]):
     column of a table."""
     import pandas as pd
 
-    rows = {COUNTERS[k]: v for k, v in counters.items()}
+    rows = {COUNTERS[k]: counters[k] for k in COUNTERS if k in counters}  # each prediction under its count
     rows |= {f"warps stalled per issue: {s}": v for s, v in stalls.items()}
     return pd.Series(rows, name="value").rename_axis("counter")
 
