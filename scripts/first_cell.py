@@ -28,7 +28,7 @@ TAGS = ["hide-input"]
 
 TEMPLATE = '''\
 # Self-sufficiency: on Colab or a fresh machine, fetch the book and what it needs;
-# elsewhere a no-op. (Every chapter opens with this cell: scripts/first_cell.py.)
+# elsewhere a no-op. (Every chapter opens with this same cell.)
 import importlib.util
 import os
 import subprocess
