@@ -258,9 +258,41 @@ def gemm_3xtf32() -> None:
     assert torch.isfinite(mod.mma_peak(2, 8, torch.device("cuda"))).all()
 
 
+def cutlass_peers() -> None:
+    import torch.nn.functional as F
+
+    if torch.cuda.get_device_capability() < (8, 0):
+        return
+    g = kb.build.load("cutlass_gemm").raw
+    for m, n, k in ((1, 4, 4), (37, 12, 20), (129, 260, 68)):
+        a = check.rand([m, k], seed=m, device="cuda", low=-1, high=1)
+        b = check.rand([k, n], seed=n, device="cuda", low=-1, high=1)
+        for passes in (1, 3):
+            for tile in range(len(g.tiles(passes))):
+                check.assert_close(g.cutlass_gemm(a, b, passes, tile), a.double() @ b.double(), tol=1e-3,
+                                   what=f"cutlass gemm {m}x{n}x{k} passes={passes} tile {tile}")
+    cv = kb.build.load("cutlass_conv").raw
+    x = check.rand([2, 8, 9, 11], seed=1, device="cuda").contiguous(memory_format=torch.channels_last)
+    w = check.rand([12, 8, 3, 3], seed=2, device="cuda").contiguous(memory_format=torch.channels_last)
+    bias = check.rand([12], seed=3, device="cuda")
+    for it in (0, 1):
+        check.assert_close(cv.cutlass_conv2d(x, w, bias, it), F.conv2d(x.double(), w.double(), bias.double()),
+                           tol=1e-5, what=f"cutlass conv2d iterator {it}")
+    x3 = check.rand([2, 4, 5, 6, 7], seed=4, device="cuda").contiguous(memory_format=torch.channels_last_3d)
+    w3 = check.rand([16, 4, 3, 3, 3], seed=5, device="cuda").contiguous(memory_format=torch.channels_last_3d)
+    b3 = check.rand([16], seed=6, device="cuda")
+    check.assert_close(cv.cutlass_conv3d(x3, w3, b3), F.conv3d(x3.double(), w3.double(), b3.double()), tol=1e-5,
+                       what="cutlass conv3d")
+    pr = kb.build.load("mma_probe").raw
+    a, c = torch.ones(16, 8, device="cuda"), torch.ones(16, 8, device="cuda")
+    assert torch.equal(pr.mma_probe(a, torch.ones(8, 8, device="cuda"), c, True), 9 * c)
+    seeds = torch.arange(6 * pr.ceiling_config()["threads"], dtype=torch.int32, device="cuda")
+    assert torch.isfinite(pr.mma_ceiling(seeds, 2, 8)[0]).all()
+
+
 WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings,
              "ceilings": ceilings, "group_stats": group_stats, "conv_bn_scale": conv_bn_scale,
-             "conv3d_gn_mean": conv3d_gn_mean, "gemm_3xtf32": gemm_3xtf32}
+             "conv3d_gn_mean": conv3d_gn_mean, "gemm_3xtf32": gemm_3xtf32, "cutlass_peers": cutlass_peers}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)

@@ -22,6 +22,7 @@ from .paths import KERNELS, RESULTS, ROOT, cache_dir
 NVCC_FLAGS = ("-O3", "-lineinfo")  # no --use_fast_math: see the method chapter
 CXX_FLAGS = ("-O3",)  # torch adds the C++ standard it was built with
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+_LIBRARY_INCLUDE = re.compile(r"^\s*#\s*include\s+<(?:cutlass|cute)/", re.MULTILINE)
 
 
 def sources(name: str, root: Path | None = None) -> list[Path]:
@@ -58,6 +59,34 @@ def source_hashes(name: str, root: Path | None = None) -> dict[str, str]:
     return out
 
 
+def uses_cutlass(name: str) -> bool:
+    """Whether kernel ``name`` includes CUTLASS's or CuTe's headers (``#include <cutlass/...>``)."""
+    return any(_LIBRARY_INCLUDE.search(p.read_text()) for p in sources(name))
+
+
+@cache
+def cutlass_include() -> tuple[str, str]:
+    """(include folder, version) of CUTLASS's and CuTe's headers, from the ``nvidia-cutlass`` package."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("cutlass_library")
+    folder = Path(spec.origin).parent / "source" / "include" if spec and spec.origin else None
+    if folder is None or not (folder / "cutlass" / "cutlass.h").is_file():
+        raise RuntimeError("this kernel is built from CUTLASS's headers, which come with the nvidia-cutlass package: "
+                           "pip install nvidia-cutlass (or pip install -r requirements.txt)")
+    return str(folder), importlib.metadata.version("nvidia-cutlass")
+
+
+def include_paths(name: str) -> list[str]:
+    """The folders nvcc searches for kernel ``name``'s headers: kernels/, and CUTLASS's where it uses them."""
+    return [str(KERNELS), *([cutlass_include()[0]] if uses_cutlass(name) else [])]
+
+
+def _include_flags(name: str) -> list[str]:
+    return [f for d in include_paths(name) for f in ("-I", d)]
+
+
 def _arch_flags(arch: str) -> list[str]:
     return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
 
@@ -72,6 +101,8 @@ def module_name(name: str, arch: str, defines: Mapping[str, int | str] | None = 
     for p in sources(name):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     h.update(" ".join((*NVCC_FLAGS, *_define_flags(defines), *CXX_FLAGS, arch)).encode())
+    if uses_cutlass(name):  # a new CUTLASS is a new build
+        h.update(b"cutlass " + cutlass_include()[1].encode())
     return f"kb_{name}_{h.hexdigest()[:12]}_sm{arch}"
 
 
@@ -163,7 +194,7 @@ def load(name: str, arch: str | None = None, verbose: bool = False,
         cuda_sources=[(KERNELS / f"{name}.cu").read_text()],
         extra_cflags=p["cxx_flags"],
         extra_cuda_cflags=p["nvcc_flags"],
-        extra_include_paths=[str(KERNELS)],
+        extra_include_paths=include_paths(name),
         build_directory=str(p["build_dir"]),
         no_implicit_headers=True,  # the .cu is torch-free; the .cpp includes what it needs
         verbose=verbose,
@@ -254,7 +285,7 @@ def resources(name: str, arch: str = "90", defines: Mapping[str, int | str] | No
 def _resources_live(name: str, arch: str, defines: Mapping[str, int | str] | None) -> list[dict]:
     nvcc = shutil.which("nvcc") or str(Path(cuda_home()) / "bin" / "nvcc")
     cu = KERNELS / f"{name}.cu"
-    cmd = [nvcc, "--resource-usage", *NVCC_FLAGS, *_define_flags(defines), *_arch_flags(arch), "-I", str(KERNELS),
+    cmd = [nvcc, "--resource-usage", *NVCC_FLAGS, *_define_flags(defines), *_arch_flags(arch), *_include_flags(name),
            "-c", str(cu), "-o", os.devnull]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
@@ -277,8 +308,8 @@ def _ptx_live(name: str, kernel: str, arch: str) -> list[str]:
     nvcc = shutil.which("nvcc") or str(Path(cuda_home()) / "bin" / "nvcc")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"{name}.ptx"
-        subprocess.run([nvcc, *NVCC_FLAGS, f"-arch=sm_{arch}", "-I", str(KERNELS), "-ptx", str(KERNELS / f"{name}.cu"),
-                        "-o", str(out)], check=True, capture_output=True, text=True)
+        subprocess.run([nvcc, *NVCC_FLAGS, f"-arch=sm_{arch}", *_include_flags(name), "-ptx",
+                        str(KERNELS / f"{name}.cu"), "-o", str(out)], check=True, capture_output=True, text=True)
         text = out.read_text()
     bodies = re.findall(r"\.entry\s+(\S+)\((.*?)\n}", text, re.DOTALL)
     body = next(b for n, b in bodies if kernel in n)
