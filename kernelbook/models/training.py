@@ -4,7 +4,9 @@
 (``autograd_ops.p73_forward``, ``autograd_ops.p27_module_forward``: the same code the benchmark submissions
 run). ``step`` turns a module into one training step — gradients cleared, forward, backward from a fixed
 output gradient — and ``step_variants`` declares the chapter's timed steps; ``phases`` sorts the kernels of
-our step by what they do.
+our step by what they do. Chapter 7's pictures of the training-mode forward are drawn here too: what the
+moments strategy sums (``draw_lag_sums``), one call of each strategy by phase (``draw_call_phases``) and the
+version ladder (``draw_version_ladder``).
 """
 
 from __future__ import annotations
@@ -135,3 +137,167 @@ def step_glue(step_ms, forward_ms: float | None = None, phase_us=None) -> dict:
                     "step_convbw_pct": 100 * sum(v for k, v in phase_us.items() if "(cuDNN)" in k) / total})
     return out
 
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chapter 7's pictures: the moments' lag sums, one training-mode call by phase, the version ladder
+
+
+def draw_lag_sums(c_in: int = 8, k: int = 3, hw: int = 7, tap: tuple[int, int] = (1, 0),
+                  lag: tuple[int, int] = (1, 1), at: tuple[int, int] = (1, 1)):
+    """What the moments strategy sums (``kernels/conv_moments.cuh``), on a small ``hw``×``hw`` plane: the taps
+    a and b = a + d of a k×k filter, the (2k − 1)² lags d between two taps (those with d₁ ≥ 0 summed, the rest
+    by symmetry), and, for tap ``tap`` and lag ``lag``, the full-plane lag sum Σ_q x_i(q)·x_j(q + d) beside
+    the window of q that one entry of Σ needs — the plane less two border rows and two border columns, plus
+    the four corners they both removed. ``at``: the output position whose patch is drawn. Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    from ..harness import plots
+
+    a1, a2 = tap  # (row, column), row 0 at the top
+    d1, d2 = lag
+    b1, b2 = a1 + d1, a2 + d2
+    assert 0 <= b1 < k and 0 <= b2 < k, "tap + lag must be a tap"
+    out = hw - k + 1
+    win, strip, corner, kept_c, sym_c = "#5dade2", "#f5b041", "#c0392b", "#58d68d", "#d5d8dc"
+    fig, (ax_t, ax_l, ax_p) = plt.subplots(1, 3, figsize=(8.2, 3.7), width_ratios=(k, 2 * k - 1, hw),
+                                           layout="constrained")
+
+    def grid(ax, n, m, x0=0, y0=0):
+        for r in range(n):
+            for c in range(m):
+                ax.add_patch(Rectangle((x0 + c, y0 + r), 1, 1, fill=False, ec="#7f8c8d", lw=0.6))
+
+    def arrow(ax, src, dst, shrink=9):
+        ax.add_patch(FancyArrowPatch(src, dst, arrowstyle="-|>", mutation_scale=12, lw=1.6,
+                                     color="black", shrinkA=shrink, shrinkB=shrink))
+
+    grid(ax_t, k, k)  # (a) the filter's taps, (row, column) = (y, x), row 0 at the top
+    for (r, c), name in (((a1, a2), "a"), ((b1, b2), "b")):
+        ax_t.add_patch(Rectangle((c, r), 1, 1, color="#7d3c98" if name == "a" else plots.CEILING))
+        ax_t.text(c + 0.5, r + 0.5, name, ha="center", va="center", color="white", fontsize=12)
+    arrow(ax_t, (a2 + 0.5, a1 + 0.5), (b2 + 0.5, b1 + 0.5))
+    ax_t.set_title(f"taps a, b of the\n{k}×{k} filter; d = b − a", fontsize=10)
+
+    n_lag = 2 * k - 1  # (b) every lag between two taps; d₁ < 0 is the pair (j, i) at −d
+    for r in range(n_lag):
+        for c in range(n_lag):
+            kept = r >= k - 1
+            ax_l.add_patch(Rectangle((c, r), 1, 1, color=kept_c if kept else sym_c, ec="white", lw=1))
+    ax_l.add_patch(Rectangle((d2 + k - 1, d1 + k - 1), 1, 1, fill=False, ec="black", lw=2))
+    ax_l.text(d2 + k - 0.5, d1 + k - 0.5, "d", ha="center", va="center", fontsize=11)
+    ax_l.set_title(f"all {n_lag}×{n_lag} lags d: {k * n_lag} summed\n"
+                   f"per pair (i, j) of {c_in} channels", fontsize=10)
+    ax_l.set_xticks([c + 0.5 for c in range(n_lag)], [str(c - k + 1) for c in range(n_lag)], fontsize=9)
+    ax_l.set_yticks([r + 0.5 for r in range(n_lag)], [str(r - k + 1) for r in range(n_lag)], fontsize=9)
+    ax_l.set(xlabel="d₂ (columns)", ylabel="d₁ (rows)")
+
+    rows_out = [r for r in range(hw) if not a1 <= r < a1 + out]  # (c) the plane, q = p + a
+    cols_out = [c for c in range(hw) if not a2 <= c < a2 + out]
+    for r in range(hw):
+        for c in range(hw):
+            n_out = (r in rows_out) + (c in cols_out)
+            ax_p.add_patch(Rectangle((c, r), 1, 1, color=(win, strip, corner)[n_out], ec="white", lw=1))
+            if not (0 <= r + d1 < hw and 0 <= c + d2 < hw):  # the partner lies outside: a product of 0
+                ax_p.add_patch(Rectangle((c, r), 1, 1, fill=False, hatch="///", ec="#566573", lw=0))
+    ax_p.add_patch(Rectangle((a2, a1), out, out, fill=False, ec="black", lw=2))
+    p1, p2 = at
+    ax_p.add_patch(Rectangle((p2, p1), k, k, fill=False, ec="black", lw=1.3, ls="--"))
+    q, qd = (p2 + a2 + 0.5, p1 + a1 + 0.5), (p2 + b2 + 0.5, p1 + b1 + 0.5)
+    ax_p.text(*q, "$x_i$", ha="center", va="center", fontsize=10)
+    ax_p.text(*qd, "$x_j$", ha="center", va="center", fontsize=10)
+    arrow(ax_p, q, qd, shrink=6)
+    ax_p.set_title("the full-plane lag sum:\nx_i(q)·x_j(q + d) at every q", fontsize=10)
+    handles = [Rectangle((0, 0), 1, 1, color=kept_c, label="lag summed (d₁ ≥ 0)"),
+               Rectangle((0, 0), 1, 1, color=sym_c, label="lag by symmetry: pair (j, i) at −d"),
+               Rectangle((0, 0), 1, 1, color=win, label="in tap a's window: summed into Σ"),
+               Rectangle((0, 0), 1, 1, color=strip, label="border row or column: subtracted"),
+               Rectangle((0, 0), 1, 1, color=corner, label="corner: subtracted twice, added once"),
+               Rectangle((0, 0), 1, 1, fill=False, hatch="///", ec="#566573",
+                         label="product 0: x_j(q+d) off the plane"),
+               Rectangle((0, 0), 1, 1, fill=False, ec="black", lw=2, label="window: q = p + a for every output p"),
+               Rectangle((0, 0), 1, 1, fill=False, ec="black", lw=1.3, ls="--", label="the patch of one output p")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=9, handlelength=1.6)
+    for ax, n in ((ax_t, k), (ax_l, n_lag), (ax_p, hw)):
+        ax.set(xlim=(-0.05, n + 0.05), ylim=(n + 0.05, -0.05), aspect="equal")
+        ax.grid(False)
+        for side in ax.spines.values():
+            side.set_visible(False)
+        if ax is not ax_l:
+            ax.set(xticks=[], yticks=[])
+    return fig
+
+
+CALL_PHASES = (  # (phase of one training-mode forward, colour, substrings of its kernels' names), in launch order
+    ("memsets", "#bdc3c7", ("Memset", "FillFunctor")),
+    ("lag sums", "#2e86c1", ("moments_tc", "moments_main")),
+    ("border sums", "#85c1e9", ("moments_edge",)),
+    ("Σ, guard, fold", "#1b4f72", ("moments_cov", "moments_fold", "moments_commit")),
+    ("conv writes y", "#c0392b", ("conv3x3_3xtf32", "conv3x3_kernel<false")),
+    ("conv + epilogue sums", "#e67e22", ("conv3x3_kernel<true",)),
+    ("sums over y (own pass)", "#f4d03f", ("channel_stats",)),
+    ("normalise y in place", "#27ae60", ("apply_inplace",)),
+)
+P73_CALL_ROWS = {  # variant → how the timeline names it
+    "ours_train": "moments, 3xTF32\n(the default)", "ours_train_ffma": "moments, FFMA",
+    "ours_train_inplace": "in place, FFMA", "ours_train_inplace_tc": "in place, 3xTF32"}
+
+
+def call_phases(kernel_rows, variant: str) -> list[tuple[str, float]]:
+    """(phase, µs) of each kernel ``variant`` launched (``kb.profile.kernels`` rows), in ``CALL_PHASES``' order,
+    which is the order the launcher issues them; a kernel no phase names is an error."""
+    out = []
+    for r in (r for r in kernel_rows if r["variant"] == variant):
+        i = next((i for i, (_, _, keys) in enumerate(CALL_PHASES) if any(k in r["kernel"] for k in keys)), None)
+        if i is None:
+            raise ValueError(f"no phase of CALL_PHASES names the kernel {r['kernel']!r}")
+        out.append((i, r["total_us"]))
+    return [(CALL_PHASES[i][0], us) for i, us in sorted(out, key=lambda e: e[0])]
+
+
+def draw_call_phases(kernel_rows, timings_ms, rows: dict[str, str] = P73_CALL_ROWS):
+    """One training-mode forward of each strategy as a timeline: a bar per kernel, its length the profiled
+    kernel time, coloured by phase, in launch order; a tick at the call's median time (the kernels and the
+    gaps between them). Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    colours = {p: c for p, c, _ in CALL_PHASES}
+    fig, ax = plt.subplots(figsize=(7.6, 0.5 * len(rows) + 1.5), layout="constrained")
+    seen = set()
+    for y, variant in enumerate(rows):
+        t = 0.0
+        for phase, us in call_phases(kernel_rows, variant):
+            ax.barh(y, us, left=t, height=0.62, color=colours[phase], ec="white", lw=0.5)
+            if us > 60:  # room for its time inside the bar
+                dark = colours[phase] in ("#1b4f72", "#2e86c1", "#c0392b", "#27ae60")
+                ax.text(t + us / 2, y, f"{us:.0f}", ha="center", va="center", fontsize=9,
+                        color="white" if dark else "black")
+            t += us
+            seen.add(phase)
+        ax.plot([1e3 * timings_ms[variant]["median"]] * 2, [y - 0.42, y + 0.42], color="black", lw=2)
+    ax.set_yticks(range(len(rows)), list(rows.values()), fontsize=9)
+    ax.invert_yaxis()
+    ax.set(xlabel="kernel times end to end, in launch order (µs)", xlim=(0, None))
+    ax.grid(axis="y", visible=False)
+    handles = [Rectangle((0, 0), 1, 1, color=c, label=p) for p, c, _ in CALL_PHASES if p in seen]
+    handles.append(plt.Line2D([], [], color="black", lw=2, label="the call's median"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=9)
+    return fig
+
+
+def draw_version_ladder(training_ms, bound_ms: float):
+    """The version ladder: each version's training-mode time (a Series indexed by version), and the moments
+    strategy's bound at the FFMA rate as a dashed line. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from ..harness import plots
+
+    fig, ax = plt.subplots(figsize=(9, 2.6))
+    ax.plot(range(len(training_ms)), training_ms, "o-", color=plots.OURS)
+    ax.axhline(bound_ms, color=plots.CEILING, ls="--", lw=1)
+    ax.set(xticks=range(len(training_ms)), xticklabels=training_ms.index, xlabel="version",
+           ylabel="training-mode time (ms)", ylim=(0, None),
+           title="training mode by version (dashed: the moments strategy's bound)")
+    return fig
