@@ -1,0 +1,375 @@
+"""How good is the κ guard of P73's moments strategy? Measured error against κ on natural images and classic filters.
+
+The moments strategy (kernels/conv_moments.cuh) takes a channel's batch variance as w_cᵀΣw_c, with Σ the 3×3×C_in
+patch covariance summed in float32 about a per-channel pivot (x[0, i, 0, 0]); its relative error grows as u·κ_c,
+κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c. The guard of strategy "auto" falls back to the in-place strategy when u·κ_c
+exceeds 10⁻⁵ for some channel. This module builds the inputs that test that rule — crops of two photographs
+(``natural_batch``), classic and random filters (``filter_sets``), a far-off pivot (``with_outlier_pivot``) —
+computes κ in float64 (``kappa``), and measures every strategy's output and variance error against float64 beside
+eager PyTorch's float32 error, with the guard's choice and the time of the guarded call (``error_vs_kappa``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+K = 3  # P73's kernel size
+GREY = (0.2125, 0.7154, 0.0721)  # luminance of linear R, G, B (ITU-R BT.709), as scikit-image's rgb2gray
+IMAGES = ("astronaut.png", "coffee.png")  # bundled with scikit-image (no download)
+TOL = 1e-5  # the norm-wise error every path of chapter 7 is held to
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+def skimage_data_dir() -> Path:
+    """The data folder of the installed scikit-image package, found without importing it (importing skimage
+    pulls in SciPy; only its bundled PNGs are read here)."""
+    spec = importlib.util.find_spec("skimage")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "natural_batch reads the photographs bundled with the scikit-image package (astronaut.png, "
+            "coffee.png), which is not installed: pip install scikit-image (it is not imported, so "
+            "--no-deps is enough)", name="skimage")
+    for loc in spec.submodule_search_locations:
+        d = Path(loc) / "data"
+        if all((d / f).is_file() for f in IMAGES):
+            return d
+    raise FileNotFoundError(f"the installed scikit-image has no data/{IMAGES[0]} and data/{IMAGES[1]} in "
+                            f"{list(spec.submodule_search_locations)}")
+
+
+@functools.cache
+def _image_channels(name: str) -> np.ndarray:
+    """(4, H, W) float32 in [0, 1]: R, G, B and grey of one bundled photograph."""
+    import matplotlib.image as mpimg
+
+    rgb = np.asarray(mpimg.imread(skimage_data_dir() / name), dtype=np.float64)[..., :3]  # PNG: floats in [0, 1]
+    if rgb.max() > 1.0:  # an 8-bit image read as integers
+        rgb = rgb / 255.0
+    grey = rgb @ np.asarray(GREY)
+    return np.clip(np.concatenate([rgb.transpose(2, 0, 1), grey[None]]), 0.0, 1.0).astype(np.float32)
+
+
+def natural_batch(n: int, seed: int, size: int = 128, device: str | torch.device = "cpu") -> torch.Tensor:
+    """P73-shaped input (n, 8, size, size), float32 in [0, 1]: sample k is a random size×size crop of each of
+    astronaut.png and coffee.png (scikit-image's), channels R, G, B, grey of the first, then of the second:
+    neighbouring pixels and the four channels of an image are strongly correlated, unlike ``torch.rand``."""
+    imgs = [_image_channels(f) for f in IMAGES]
+    for f, im in zip(IMAGES, imgs, strict=True):
+        if min(im.shape[1:]) < size:
+            raise ValueError(f"{f} is {im.shape[1]}×{im.shape[2]}: no {size}×{size} crop")
+    rng = np.random.default_rng(seed)
+    out = np.empty((n, 4 * len(imgs), size, size), dtype=np.float32)
+    for k in range(n):
+        for j, im in enumerate(imgs):
+            r, c = (int(rng.integers(0, s - size + 1)) for s in im.shape[1:])
+            out[k, 4 * j:4 * j + 4] = im[:, r:r + size, c:c + size]
+    return torch.from_numpy(out).to(device)
+
+
+def with_outlier_pivot(x: torch.Tensor, factor: float = 1000.0) -> torch.Tensor:
+    """A copy of x whose values x[0, c, 0, 0] — the moments kernel's pivots — are ``factor`` times each channel's
+    mean magnitude: one far-off value per channel, which the kernel subtracts from every value of it."""
+    y = x.clone()
+    y[0, :, 0, 0] = factor * x.abs().mean(dim=(0, 2, 3))
+    return y
+
+
+# ----------------------------------------------------------------------------------------------- filters
+
+SOBEL_X = ((-1.0, 0.0, 1.0), (-2.0, 0.0, 2.0), (-1.0, 0.0, 1.0))
+LAPLACIAN = ((0.0, 1.0, 0.0), (1.0, -4.0, 1.0), (0.0, 1.0, 0.0))
+DIFFERENCE = ((0.0, 0.0, 0.0), (0.0, 0.375, -0.375), (0.0, 0.0, 0.0))  # chapter 7's horizontal difference
+
+
+def gabor(theta: float, wavelength: float = 3.0, sigma: float = 1.0) -> torch.Tensor:
+    """A 3×3 even (cosine) Gabor kernel at orientation ``theta``, its mean removed (so it ignores a constant)."""
+    r = torch.arange(-1.0, 2.0, dtype=torch.float64)
+    yy, xx = torch.meshgrid(r, r, indexing="ij")
+    u = xx * math.cos(theta) + yy * math.sin(theta)
+    g = torch.exp(-(xx**2 + yy**2) / (2 * sigma**2)) * torch.cos(2 * math.pi * u / wavelength)
+    return g - g.mean()
+
+
+def filter_sets(seed: int, c_in: int = 8, c_out: int = 64) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """name → (conv weight (c_out, c_in, 3, 3), bias (c_out,)), float32. ``<k>_one``: kernel k on input channel
+    c mod c_in of output channel c, the other channels zero; ``<k>_all``: k on every input channel with random
+    signs (channels that cancel against each other); Gabor filters turn by 22.5° every c_in output channels;
+    every output channel has a random magnitude. ``random_normal``: Gaussian weights; ``kaiming_uniform``:
+    P73's own initialisation (``nn.Conv2d``'s, seeded as ``kb.problems`` seeds it), with its bias;
+    ``difference``: chapter 7's two-tap difference, horizontal and vertical in turn, on one input channel."""
+    from .problems import P73_CONV_BN_SCALE
+
+    g = torch.Generator().manual_seed(seed)
+    bound = 1.0 / math.sqrt(c_in * K * K)  # nn.Conv2d's bias range
+    bias = (torch.rand(c_out, generator=g, dtype=torch.float64) * 2 - 1) * bound
+    amp = 0.5 + torch.rand(c_out, generator=g, dtype=torch.float64)
+    signs = torch.randint(0, 2, (c_out, c_in), generator=g).double() * 2 - 1
+    sobel_x = torch.tensor(SOBEL_X, dtype=torch.float64)
+    diff_h = torch.tensor(DIFFERENCE, dtype=torch.float64)
+    kernels = {"sobel_x": lambda c: sobel_x, "sobel_y": lambda c: sobel_x.T,
+               "laplacian": lambda c: torch.tensor(LAPLACIAN, dtype=torch.float64),
+               "gabor": lambda c: gabor(math.pi * (c // c_in % 8) / 8)}
+    out = {}
+    for name, kern in kernels.items():
+        one, every = (torch.zeros(c_out, c_in, K, K, dtype=torch.float64) for _ in range(2))
+        for c in range(c_out):
+            one[c, c % c_in] = amp[c] * kern(c)
+            every[c] = amp[c] * signs[c].view(c_in, 1, 1) * kern(c)
+        out[f"{name}_one"], out[f"{name}_all"] = one, every
+    out["random_normal"] = torch.randn(c_out, c_in, K, K, generator=g, dtype=torch.float64) * bound
+    diff = torch.zeros(c_out, c_in, K, K, dtype=torch.float64)
+    for c in range(c_out):
+        diff[c, c % c_in] = amp[c] * (diff_h if c // c_in % 2 == 0 else diff_h.T)
+    out["difference"] = diff
+    sets = {k: (w.float().contiguous(), bias.float()) for k, w in out.items()}
+    with torch.random.fork_rng():  # seeded as the benchmark seeds P73, without touching the caller's generator
+        if (c_in, c_out) == (8, 64):
+            conv = P73_CONV_BN_SCALE.model(seed=seed).conv
+        else:
+            torch.manual_seed(seed)
+            conv = torch.nn.Conv2d(c_in, c_out, K)
+    sets["kaiming_uniform"] = (conv.weight.detach().float().contiguous(), conv.bias.detach().float())
+    return sets
+
+
+# --------------------------------------------------------------------------------------------------- κ
+
+def patch_moments(x: torch.Tensor, k: int = K, chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean (C·k²,) and biased covariance (C·k², C·k²) of x's k×k patches (no padding), in float64, ordered as a
+    conv weight's (channel, row, column). Summed ``chunk`` samples at a time about each channel's mean, so that
+    the benchmark's batch needs no 2 GB patch matrix."""
+    c = x.shape[1]
+    centre = x.detach().double().mean(dim=(0, 2, 3))
+    s1 = torch.zeros(c * k * k, dtype=torch.float64, device=x.device)
+    gram = torch.zeros(c * k * k, c * k * k, dtype=torch.float64, device=x.device)
+    count = 0
+    for part in x.detach().split(chunk):
+        p = F.unfold(part.double() - centre.view(1, c, 1, 1), k)  # (b, C·k², L)
+        s1 += p.sum(dim=(0, 2))
+        gram += torch.einsum("bkl,bjl->kj", p, p)
+        count += p.shape[0] * p.shape[2]
+    mean_c = s1 / count
+    return mean_c + centre.repeat_interleave(k * k), gram / count - torch.outer(mean_c, mean_c)
+
+
+def kernel_pivot(x: torch.Tensor) -> torch.Tensor:
+    """The per-channel pivot the moments kernel subtracts before it forms products: x[0, c, 0, 0]."""
+    return x[0, :, 0, 0].detach().double()
+
+
+def kappa(x: torch.Tensor, w: torch.Tensor, pivot: str | torch.Tensor | None = None,
+          moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c per output channel, in float64 on the CPU: what the guard computes. With
+    ``pivot`` ("kernel": x[0, :, 0, 0], or one value per input channel), |Σ| becomes |S_p|, S_p = Σ + (m − p)(m − p)ᵀ
+    the second moments about the pivot that the kernel actually sums: the amplification its rounding meets.
+    ``moments``: ``patch_moments(x)`` if already computed."""
+    mean, cov = moments if moments is not None else patch_moments(x)
+    wr = w.detach().reshape(len(w), -1).to(device=cov.device, dtype=torch.float64)
+    a = cov
+    if pivot is not None:
+        if isinstance(pivot, str) and pivot != "kernel":
+            raise ValueError(f"pivot must be None, 'kernel' or one value per input channel, got {pivot!r}")
+        p = kernel_pivot(x) if isinstance(pivot, str) else torch.as_tensor(pivot)
+        d = mean - p.to(device=cov.device, dtype=torch.float64).repeat_interleave(wr.shape[1] // len(p))
+        a = cov + torch.outer(d, d)
+    num = ((wr.abs() @ a.abs()) * wr.abs()).sum(1)
+    den = ((wr @ cov) * wr).sum(1)
+    return (num / den).cpu()
+
+
+# ------------------------------------------------------------------------------------------- measurement
+
+@dataclass
+class Case:
+    """One measurement: input x (N, C_in, H, W) and the conv's weight and bias, with labels for the table."""
+
+    name: str
+    x: torch.Tensor
+    w: torch.Tensor
+    b: torch.Tensor | None = None
+    input: str = ""
+    filters: str = ""
+
+
+def pairs(inputs: Mapping[str, torch.Tensor], filters: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+          ) -> list[Case]:
+    """Every (input, filter set) pair as a Case named ``<input> / <filters>``."""
+    return [Case(f"{i} / {f}", x, w, b, input=i, filters=f) for i, x in inputs.items() for f, (w, b) in filters.items()]
+
+
+def study_sections(batches: Sequence[int] = (16, 128), seed: int = 0, natural: bool = True,
+                   outlier_factors: Sequence[float] = (10.0, 1000.0)) -> dict[str, list[Case]]:
+    """The study's cases by section, most telling first (a run short of time can stop between sections), on the
+    CPU: P73 itself (its initialisation and ``torch.rand`` input at the benchmark's batch); chapter 7's
+    difference filter on its smooth field (κ ≈ 10⁴ to 10⁵); far-off pivots (``with_outlier_pivot``) on P73's and
+    on a natural batch; then, for each batch, natural images and P73's input with every filter set.
+    ``natural=False`` leaves the photographs out (no scikit-image needed)."""
+    from .problems import P73_CONV_BN_SCALE as P
+    from .variance import smooth_field
+
+    small, full = min(batches), P.input_shape[0]
+    sets = filter_sets(seed)
+
+    def case(label: str, x: torch.Tensor, filters: str) -> Case:
+        return Case(f"{label} / {filters}", x, *sets[filters], input=label, filters=filters)
+
+    p73_small = P.inputs(seed=1, batch=small)
+    out = {"p73": [case(f"p73 n{full}", P.inputs(seed=1, batch=full), "kaiming_uniform")],
+           "smooth": [case(f"smooth δ={d:.0e} n{small}", smooth_field(d, seed, n=small, c=8, h=128, w=128),
+                           "difference") for d in (1e-2, 1e-4)],
+           "outlier": [case(f"p73 n{small} pivot×{f:g}", with_outlier_pivot(p73_small, f), "kaiming_uniform")
+                       for f in outlier_factors]}
+    if natural:
+        nat = with_outlier_pivot(natural_batch(small, seed), outlier_factors[-1])
+        out["outlier"] += [case(f"natural n{small} pivot×{outlier_factors[-1]:g}", nat, name)
+                           for name in ("kaiming_uniform", "sobel_x_one")]
+    for n in sorted(batches):
+        inputs = {f"natural n{n}": natural_batch(n, seed)} if natural else {}
+        if n != full:  # P73's input at the benchmark's batch is in the first section
+            inputs[f"p73 n{n}"] = p73_small if n == small else P.inputs(seed=1, batch=n)
+        out[f"filters n{n}"] = pairs(inputs, sets)
+    return out
+
+
+def _module(w: torch.Tensor, b: torch.Tensor | None, scale: float):
+    """P73 (conv → training-mode BN → ·scale) with this filter, γ = 1, β = 0 and momentum 1: after one call its
+    running mean and variance are this batch's mean and unbiased variance (nn.BatchNorm2d and the kernel both
+    update running ← (1 − m)·running + m·batch)."""
+    from .problems import P73
+
+    m = P73(w.shape[1], w.shape[0], w.shape[-1], scale)
+    with torch.no_grad():
+        m.conv.weight.copy_(w)
+        if b is None:
+            m.conv.bias = None
+        else:
+            m.conv.bias.copy_(b)
+    m.bn.momentum = 1.0
+    return m
+
+
+def _channel_errors(mean, var, mean64, var64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per channel: |var − var64| / var64, and |mean − mean64| in units of the batch's standard deviation."""
+    return (var.double() - var64).abs().div(var64).cpu(), (mean.double() - mean64).abs().div(var64.sqrt()).cpu()
+
+
+def _train(ext, m, x: torch.Tensor, scale: float, strategy: str, math_: str, out: torch.Tensor) -> torch.Tensor:
+    """One training-mode call of the fused kernel on m's conv and bn (their running statistics updated)."""
+    c, bn = m.conv, m.bn
+    return ext.conv_bn_scale_train(x, c.weight, c.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                                   bn.num_batches_tracked, bn.momentum, bn.eps, scale, out, strategy, math_)
+
+
+def _time_auto(ext, model, x, scale, math_, out, chapter, variant, warmup, rep) -> float:
+    """Median ms of the guarded call (strategy "auto") on a copy of ``model``, by ``kb.timing.bench``."""
+    from ..harness import timing
+
+    m = copy.deepcopy(model)
+    return timing.bench(lambda: _train(ext, m, x, scale, "auto", math_, out), chapter, variant, warmup=warmup,
+                        rep=rep)["median"]
+
+
+def error_vs_kappa(mod, cases: Iterable[Case] | Mapping[str, tuple], maths: Sequence[str] = ("fp32", "3xtf32"),
+                   strategies: Sequence[str] = ("moments", "inplace"), scale: float = 2.0, tol: float = TOL,
+                   time: bool = True, warmup: int = 5, rep: int = 20, chapter: str = "guard_study",
+                   device: str = "cuda"):
+    """For each case, training-mode P73 (``_module``) by every strategy × math of ``mod`` (the ``conv_bn_scale``
+    extension) against float64 — the output's ``kb.check.report`` (norm-wise) and the batch variance's relative
+    error per channel (the running variance after one call at momentum 1) — beside eager float32 PyTorch's (TF32
+    off) on the same input; with κ per channel (the guard's, and about the kernel's pivot), the guard's choice and
+    threshold for each math, and, if ``time``, the guarded call's time (strategy "auto") for each math and for the
+    default math. One row per case × math × strategy (a pandas DataFrame); per-channel values are lists.
+    ``f32_accurate``: the output errs at most 2× eager's error (never less than 2u), the book's rule.
+    ``device``: where everything runs (the kernels need "cuda"; the tests run the logic on a CPU stand-in)."""
+    import pandas as pd
+
+    from ..harness import check, precision
+
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("error_vs_kappa runs the fused conv_bn_scale kernels: it needs a CUDA GPU, and none is "
+                           "visible")
+    ext = getattr(mod, "raw", mod)  # the binding itself: values only, no autograd
+    if isinstance(cases, Mapping):
+        cases = [Case(name, *v) for name, v in cases.items()]
+    rows = []
+    for case in cases:
+        x = case.x.to(device, torch.float32).contiguous()
+        w = case.w.to(device, torch.float32).contiguous()
+        b = None if case.b is None else case.b.to(device, torch.float32).contiguous()
+        moments = patch_moments(x)
+        kap, kap_p = kappa(x, w, moments=moments), kappa(x, w, "kernel", moments=moments)
+        model = _module(w, b, scale).to(device)
+        timed = {"chapter": chapter, "warmup": warmup, "rep": rep}
+        with torch.no_grad():
+            ref = copy.deepcopy(model).double()
+            y64 = ref(x.double())
+            mean64, var64 = ref.bn.running_mean, ref.bn.running_var  # the batch's mean, unbiased variance
+            eager = copy.deepcopy(model)
+            with precision.tf32(False, False):
+                e = check.report(eager(x), y64, tol)
+            e_var, e_mean = _channel_errors(eager.bn.running_mean, eager.bn.running_var, mean64, var64)
+            out = torch.empty_like(y64, dtype=torch.float32)
+            default = {"default_math": ext.conv_bn_scale_math(x, "auto"),
+                       "default_choice": ext.conv_bn_scale_auto_choice(x, w, b, "auto")}
+            if time:
+                default["default_ms"] = _time_auto(ext, model, x, scale, "auto", out, variant=f"{case.name}/auto",
+                                                   **timed)
+            for math_ in maths:
+                guard = {"choice": ext.conv_bn_scale_auto_choice(x, w, b, math_),
+                         "guard_kappa_max": ext.guard_kappa_max(ext.conv_bn_scale_math(x, math_))}
+                if time:
+                    guard["auto_ms"] = _time_auto(ext, model, x, scale, math_, out,
+                                                  variant=f"{case.name}/auto_{math_}", **timed)
+                for strategy in strategies:
+                    m = copy.deepcopy(model)
+                    out.fill_(float("nan"))  # an element the kernel never writes stays NaN and is counted
+                    r = check.report(_train(ext, m, x, scale, strategy, math_, out), y64, tol)
+                    v_err, m_err = _channel_errors(m.bn.running_mean, m.bn.running_var, mean64, var64)
+                    eager_tol = max(2.0 * e["rel_err"], 2.0 * check.FP32_UNIT_ROUNDOFF)
+                    rows.append({
+                        "case": case.name, "input": case.input, "filters": case.filters, "n": int(x.shape[0]),
+                        "strategy": strategy, "math": math_, **guard, **default,
+                        "kappa_max": float(kap.max()), "kappa_pivot_max": float(kap_p.max()),
+                        "guard_predicts": "inplace" if float(kap.max()) > guard["guard_kappa_max"] else "moments",
+                        "rel_err": r["rel_err"], "max_abs_err": r["max_abs_err"], "unwritten": r["unwritten"],
+                        "passed": r["passed"], "eager_rel_err": e["rel_err"],
+                        "ratio_to_eager": r["rel_err"] / e["rel_err"] if e["rel_err"] > 0 else float("inf"),
+                        "f32_accurate": bool(r["unwritten"] == 0 and r["rel_err"] <= eager_tol),
+                        "var_err": float(v_err.max()), "eager_var_err": float(e_var.max()),
+                        "mean_err_sigma": float(m_err.max()), "eager_mean_err_sigma": float(e_mean.max()),
+                        "batches_counted": int(m.bn.num_batches_tracked),
+                        "kappa_c": kap.tolist(), "kappa_pivot_c": kap_p.tolist(), "var_err_c": v_err.tolist(),
+                        "eager_var_err_c": e_var.tolist()})
+        del y64, out, ref
+    return pd.DataFrame(rows)
+
+
+def implied_u(df, kappa_min: float = 10.0):
+    """From the moments' rows of ``error_vs_kappa``: per math, the largest variance error per unit of κ over the
+    channels with κ ≥ ``kappa_min`` (below it the float32 rounding of the variance itself dominates), by the
+    guard's κ and by the pivot's; and the κ threshold that would keep that error at ``TOL``."""
+    import pandas as pd
+
+    out = {}
+    for math_, g in df[df["strategy"] == "moments"].groupby("math"):
+        err = np.concatenate([np.asarray(v) for v in g["var_err_c"]])
+        res = {}
+        for col in ("kappa_c", "kappa_pivot_c"):
+            kap = np.concatenate([np.asarray(v) for v in g[col]])
+            keep = kap >= kappa_min
+            res[f"u_eff ({col})"] = float((err[keep] / kap[keep]).max()) if keep.any() else float("nan")
+            res[f"kappa at {TOL:.0e} ({col})"] = TOL / res[f"u_eff ({col})"]
+        res["channels"] = int(len(err))
+        out[math_] = res
+    return pd.DataFrame(out).T
