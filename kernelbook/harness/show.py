@@ -241,8 +241,25 @@ def _path(file: str | Path) -> Path:
     return p if p.is_absolute() else KERNELS / p
 
 
-def excerpt_lines(file: str | Path, name: str) -> tuple[int, list[str]]:
-    """(first line number, lines) of the excerpt ``name`` in ``file`` (markers excluded)."""
+def span_lines(file: str | Path, start: str, end: str) -> tuple[int, list[str]]:
+    """(first line number, lines) of ``file`` from the first line containing ``start`` through the first
+    line after it that begins with ``end`` (``"}"``: a top-level definition's closing brace), both kept.
+    For a region with no excerpt markers, where adding them would change a recorded source hash."""
+    lines = _path(file).read_text().splitlines()
+    first = next((i for i, line in enumerate(lines) if start in line), None)
+    if first is None:
+        raise KeyError(f"no line containing {start!r} in {_path(file).name}")
+    last = next((i for i in range(first + 1, len(lines)) if lines[i].startswith(end)), None)
+    if last is None:
+        raise KeyError(f"no line beginning with {end!r} after {start!r} in {_path(file).name}")
+    return first + 1, lines[first:last + 1]
+
+
+def excerpt_lines(file: str | Path, name: str | tuple[str, str]) -> tuple[int, list[str]]:
+    """(first line number, lines) of the excerpt ``name`` in ``file`` (markers excluded); a pair
+    ``(start, end)`` names an unmarked region instead (``span_lines``)."""
+    if isinstance(name, tuple):
+        return span_lines(file, *name)
     lines = _path(file).read_text().splitlines()
     start = next((i for i, line in enumerate(lines) if (m := _START.match(line)) and m.group(1) == name), None)
     if start is None:
@@ -268,18 +285,20 @@ def _highlight(code: str, suffix: str, first_line: int, anchor: str) -> str:
     return f'<div class="kb-code" style="--kb-digits: {len(str(last))}ch">{body}</div>'
 
 
-def excerpt_html(file: str | Path, name: str) -> str:
+def excerpt_html(file: str | Path, name: str | tuple[str, str]) -> str:
     p = _path(file)
     first, body = excerpt_lines(p, name)
     label = f"kernels/{p.name}, lines {first}–{first + len(body) - 1}"
-    code = _highlight(chr(10).join(body), p.suffix, first, f"{p.stem}-{name}")
+    anchor = f"{p.stem}-{name if isinstance(name, str) else f'lines-{first}'}"
+    code = _highlight(chr(10).join(body), p.suffix, first, anchor)
     return (f'<div class="kb-excerpt"><p class="kb-caption">{html.escape(label)}</p>'
             f'<div class="highlight-cuda notranslate">{code}</div></div>')
 
 
-def excerpt(file: str | Path, name: str):
+def excerpt(file: str | Path, name: str | tuple[str, str]):
     """The lines of ``file`` (in ``kernels/``) between ``// excerpt: name`` and ``// end excerpt: name``,
-    highlighted, with the file's own line numbers."""
+    highlighted, with the file's own line numbers; ``name`` = ``(start, end)``: an unmarked region
+    (``span_lines``)."""
     from IPython.display import HTML
 
     return HTML(excerpt_html(file, name))

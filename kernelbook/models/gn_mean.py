@@ -208,7 +208,8 @@ def stalls(nc: Mapping[str, float]) -> dict[str, float]:
 
 
 # The kernel's versions, in the order they were built, with what each changed and the variant that
-# times it (None: a version that was not timed, for the reason given).
+# times it (None: a version that was not timed, for the reason given); an "optional" peer is shown
+# where the record has it.
 LADDER = [
     {"version": "eager PyTorch", "variant": "eager",
      "changed": "the reference module: cuDNN's conv3d, a bias pass, HardSwish, GroupNorm (statistics, "
@@ -218,6 +219,9 @@ LADDER = [
                 "the convolution stays cuDNN's"},
     {"version": "torch.compile, max-autotune", "variant": "compile_max",
      "changed": "the same graph, with Inductor's autotuned configurations"},
+    {"version": "eager, channels_last_3d (TF32)", "variant": "eager_cl3d", "optional": True,
+     "changed": "the module and its input in channels_last_3d with TF32 allowed: cuDNN's fastest "
+                "convolution for P27, in TF32 (not float32-accurate)"},
     {"version": "tail fused", "variant": "tail_fused",
      "changed": "cuDNN's conv3d, then one tail kernel of ours (pivot-shifted sums, the mean from "
                 "channel statistics): capped by Amdahl's law"},
@@ -250,12 +254,71 @@ def ladder(rec: dict, floor_ms: float, path=None, floors: Mapping[str, float] | 
     rows = []
     for s in steps:
         v = s.get("variant") or ""
+        if s.get("optional") and v not in rec["timings_ms"]:
+            continue
         ms = rec["timings_ms"][v]["median"] if v else float("nan")
         own = (floors or {}).get(v, floor_ms)
         rows.append({"version": s["version"], "variant": v, "time (ms)": ms,
                      "% of FFMA peak": 100 * floor_ms / ms, "% of its floor": 100 * own / ms,
                      "what changed": s["changed"]})
     return rows
+
+
+def floors(rec: dict, flop: float, dz: Mapping, n: int, tail_ms: float, mma3: float) -> dict[str, float]:
+    """Every floor the chapter sets a time against, in ms (and the rates behind them, in FLOP/s):
+    ``ffma``, the convolution's ``flop`` at the nominal FFMA peak (SMs × lanes × 2 × the SM clock the
+    record measured); ``measured``, the whole problem at the roofline chapter's measured FFMA rate (the
+    intro's "% of floor"; NaN without that record); ``design``, the FFMAs this decomposition ``dz``
+    issues for ``n`` samples, waste and the partly empty last wave included, at the peak; ``tc``, the
+    convolution at ``mma3``, the 3xTF32 rate (``kb.tensorcore.mma3_rate``); ``tail``, ``tail_ms``: cuDNN's
+    convolution kernel alone, the least a design that keeps it can take."""
+    from ..harness.device import slug
+    from ..site import summary
+    from .roofline import fp32_peak
+
+    prov = rec["provenance"]
+    peak = fp32_peak(prov["sm_count"], rec["sm_clock_mhz"] * 1e6, prov["capability"])
+    waves = n / prov["sm_count"]  # one block per SM
+    ceil = summary.ceilings(slug(prov["gpu"]))
+    measured = summary.floor_ms(rec, "ours", ceil) if ceil else None
+    return {"ffma": 1e3 * flop / peak, "measured": measured or float("nan"),
+            "design": 1e3 * flop / peak / dz["useful"] * math.ceil(waves) / waves,
+            "tc": 1e3 * flop / mma3, "tail": tail_ms, "peak": peak,
+            "measured_rate": ceil[0] if ceil else float("nan"), "mma3": mma3, "useful": dz["useful"]}
+
+
+def floor_table(f: Mapping[str, float]):
+    """``floors`` as the chapter's one table of floors: each one's time, what it is, what it is for."""
+    import pandas as pd
+
+    tf = lambda r: f"{r / 1e12:.1f} TFLOP/s"  # noqa: E731
+    rows = [("FFMA peak", f["ffma"], f"the convolution's FLOP at SMs × lanes × 2 × the SM clock: "
+             f"{tf(f['peak'])}", "“% of FFMA peak” below; the FFMA versions in the ladder"),
+            ("FFMA, measured", f["measured"], f"the whole problem's FLOP at the roofline chapter's "
+             f"FFMA kernel's {tf(f['measured_rate'])}", "“% of floor” in the intro's results table"),
+            ("this design", f["design"], f"its issued FFMAs ({100 * f['useful']:.0f} % useful, the last "
+             "wave partly empty) at the FFMA peak", "how near ours comes to its own plan"),
+            ("3xTF32", f["tc"], f"the convolution's FLOP at {tf(f['mma3'])}: a third of the tensor-core "
+             "chapter's mma.sync TF32 rate", "ours_tc, the tensor-core path"),
+            ("tail-only", f["tail"], "cuDNN's convolution kernel alone (eager's profile)",
+             "any design that keeps that kernel (Amdahl)")]
+    return pd.DataFrame(rows, columns=["floor", "ms", "what it is", "what it is for"]).set_index("floor")
+
+
+def variants_table(rec: dict, names: list[str], flop: float, floor_ms: float):
+    """Every timed variant (``kb.measure.results``): its median, the convolution's TFLOP/s, the share
+    of the FFMA peak's floor ``floor_ms`` (not for the tensor-core path), × eager, error vs float64."""
+    import pandas as pd
+
+    from ..harness.measure import results
+
+    t = results(rec, names).drop(columns=["GB/s", "q20 ms", "q80 ms"], errors="ignore")
+    ms = t["median ms"]
+    t["TFLOP/s"] = flop / ms / 1e9                      # the convolution's FLOP
+    t["% of FFMA peak"] = (100 * floor_ms / ms).drop("ours_tc", errors="ignore")  # not FFMA
+    t["× eager"] = ms["eager"] / ms
+    t["error vs float64"] = pd.Series({k: e["rel_err"] for k, e in rec["variant_errors"].items()})
+    return t
 
 
 COUNTERS = {"ffma_share": "FFMA share of warp instructions, %",
@@ -331,18 +394,21 @@ def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float
 
     timed = [s for s in steps if s["variant"]]
     ms = [s["time (ms)"] for s in timed]
-    fig, ax = plt.subplots(figsize=(8, 0.42 * len(timed) + 1.4))
+    # 6.3 in at the style's 110 dpi is the page's text column: shown unscaled, 9 pt stays 9 pt
+    fig, ax = plt.subplots(figsize=(6.3, 0.3 * len(timed) + 1.2), layout="constrained")
     ax.barh([s["version"] for s in timed], ms,
             color=[plots.colour(rec["variants"][s["variant"]]["provider"]) for s in timed])
     for y, (s, t) in enumerate(zip(timed, ms, strict=True)):
         ax.text(t * 1.04, y, f"{t:.{2 if t < 10 else 1}f} ms, {s['% of its floor']:.0f} %",
                 va="center", fontsize=9)
+    ax.tick_params(labelsize=9)
     lines = [(floor_ms, ":", "FFMA floor")] + [(x, "-.", name) for name, x in (floors or {}).items()]
     for x, ls, label in lines:
         ax.axvline(x, color=plots.CEILING, ls=ls, lw=1, label=f"{label}: {x:.2f} ms")
-    ax.set(xscale="log", xlim=(min(x for x, _, _ in lines) * 0.8, max(ms) * 2.2),
+    ax.set(xscale="log", xlim=(min(x for x, _, _ in lines) * 0.8, max(ms) * 3),
            xlabel="median time (ms, log scale); beside each bar: time, % of its floor",
            title="P27, version by version")
+    ax.xaxis.label.set_size(9)
     first = lambda v: round(v / 10 ** math.floor(math.log10(v)))  # noqa: E731  leading digit
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if first(v) in (2, 5) else ""))
