@@ -285,7 +285,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none(), arg("math") = "auto");
     m.def("conv_bn_scale_math", &conv_bn_scale_math,
           "The output convolution's arithmetic that `math` resolves to for x on its GPU: 'fp32' (FFMA) or "
-          "'3xtf32' (tensor cores, float32-accurate; math='auto' picks it on sm_80+ when C_in <= 8)",
+          "'3xtf32' (tensor cores; math='auto' picks it where dense TF32 runs at least 3.5x FP32, tc_rates.h, and "
+          "C_in <= 8)",
           arg("x"), arg("math") = "auto");
     m.def("conv_bn_scale_auto_choice", &conv_bn_scale_auto_choice,
           "The path strategy='auto' takes for this batch and filter: 'moments', or 'inplace' when u*kappa of some "

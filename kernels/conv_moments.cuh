@@ -21,16 +21,19 @@
 // The convolution then runs once, on w', b' (the eval kernel), and writes the final output.
 //
 // Numerics (chapter 5): the covariance is invariant to shifting each input channel, so every value is read as
-// x − x[0, i, 0, 0] (a per-channel pivot) before it is multiplied; the first moments use a constant channel 1
+// x − p_i (a per-channel pivot: the mean of 16 values of channel i on a 4×4 grid over the first sample, so one
+// outlying pixel moves it by a sixteenth of its size) before it is multiplied; the first moments use a constant channel 1
 // (index CI_MAX) on the same machinery. Products are summed in fp32 over one tile (≤ 16·8 per lane, then 16
 // lanes; on the tensor cores 8 per mma, 32 rows per lane, then 8 warps), and the tiles' sums in double. What
 // this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is nearly orthogonal to the input's variation (a
 // difference filter on smooth inputs); then the in-place strategy, which reduces the output itself, is the safe
 // one.
 //
-// The guard (strategy "auto"): the relative error of var_c grows as u·κ_c, κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c
-// (κ_c ≥ 1; large when w_c cancels against the input's correlations). The fold kernel already holds Σ and w_c,
-// so it computes κ_c too, and when u·κ_c > GUARD_TOL for any channel it sets a flag in device memory. The
+// The guard (strategy "auto"): the sums are of pivot-shifted values, so each entry of Σ errs relative to the
+// pivot-shifted second moment S = Σ + m·mᵀ (m = the patch mean of x − p), and the relative error of var_c grows
+// as u·κ_c with κ_c = |w_c|ᵀ|S||w_c| / w_cᵀΣw_c (κ_c ≥ 1; large when w_c cancels against the input's
+// correlations, or when the pivot sits far from the mean: S is Σ only when m = 0). The fold kernel already holds
+// Σ, m and w_c, so it computes κ_c too, and when u·κ_c > GUARD_TOL for any channel it sets a flag in device memory. The
 // launches that follow read the flag and each exits at once unless it selects it: either the running
 // statistics staged by the fold are committed and the folded convolution writes the output (moments), or the
 // in-place strategy runs. No host synchronisation; the running statistics are updated by exactly one path.
@@ -89,8 +92,17 @@ struct MShape {
     bool vec4;             // W % 4 == 0 and x 16-byte aligned: stage with float4 loads
 };
 
+// Channel ch's pivot: the mean of its 16 values on a 4×4 grid over sample 0, summed in one fixed order, so every
+// kernel that reads it gets the same float.
 __device__ __forceinline__ float pivot(const float* __restrict__ x, const MShape& s, int ch) {
-    return __ldg(x + static_cast<int64_t>(ch) * s.H * s.W);  // x[0, ch, 0, 0]
+    const float* plane = x + static_cast<int64_t>(ch) * s.H * s.W;
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            sum += __ldg(plane + static_cast<int64_t>(i * (s.H - 1) / 3) * s.W + j * (s.W - 1) / 3);
+    return sum * 0.0625f;
 }
 
 __device__ __forceinline__ bool inside(const MShape& s, int r, int c) { return r >= 0 && r < s.H && c >= 0 && c < s.W; }
@@ -253,7 +265,7 @@ constexpr int T_MIN_BLOCKS = 2;  // 2 blocks per SM: 128 registers (1 block at 1
 constexpr int T_WARPS = 8, T_THREADS = 32 * T_WARPS;
 constexpr int T_CHUNKS = TCOLS / 8 / T_WARPS;   // 2 chunks of 8 columns per warp
 constexpr int T_SMEM = CI_MAX * T_CSTRIDE * 4;  // 78,976 B
-constexpr double U_TF32 = 16 * U32;             // the guard's u for these sums (see moments_fold)
+constexpr double U_TF32 = 2 * U32;              // the guard's u for these sums (see moments_fold)
 static_assert(T_CSTRIDE % 32 == 4 && T_CSTRIDE % 4 == 0 && T_CSTRIDE >= T_SROWS * T_PITCH, "banks, float4 rows");
 static_assert(T_WARPS * 32 * 4 * T_MT + CI_MAX <= CI_MAX * T_CSTRIDE, "the warps' sums fit the staging buffer");
 static_assert(T_WARPS == CI_MAX, "the first moments: one warp per input channel");
@@ -559,23 +571,27 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
                                                                  const double* __restrict__ ws, Finalize f) {
     __shared__ double cov[KMAX * KMAX];  // 41,472 B: staged with independent loads, not read in a dependent chain
     __shared__ double wc[KMAX];
+    __shared__ double mp[KMAX];  // the patch mean of x − p
     __shared__ double red[3][F_THREADS / 32];
     const int K = s.C * K3 * K3, c = blockIdx.x;
     const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
-    for (int v = threadIdx.x; v < K; v += F_THREADS) wc[v] = f.w[static_cast<int64_t>(c) * K + v];
+    for (int v = threadIdx.x; v < K; v += F_THREADS) {
+        wc[v] = f.w[static_cast<int64_t>(c) * K + v];
+        mp[v] = ws[MEAN_OFFSET + v];
+    }
     for (int e = threadIdx.x; e < K * K; e += F_THREADS) cov[e] = ws[COV_OFFSET + e];
     __syncthreads();
     // excerpt: guard
-    double var = 0.0, mu = 0.0, absq = 0.0;  // w_cᵀΣw_c, the mean, |w_c|ᵀ|Σ||w_c|
+    double var = 0.0, mu = 0.0, absq = 0.0;  // w_cᵀΣw_c, the mean, |w_c|ᵀ|S||w_c| with S = Σ + m·mᵀ
     for (int v = threadIdx.x; v < K; v += F_THREADS) {  // thread v: w_v · Σ_u w_u Σ[u, v]
         double part = 0.0, apart = 0.0;
         for (int u = 0; u < K; ++u) {
             part = fma(wc[u], cov[u * K + v], part);
-            apart = fma(fabs(wc[u]), fabs(cov[u * K + v]), apart);
+            apart = fma(fabs(wc[u]), fabs(fma(mp[u], mp[v], cov[u * K + v])), apart);
         }
         var = fma(wc[v], part, var);
         absq = fma(fabs(wc[v]), apart, absq);
-        mu = fma(wc[v], ws[MEAN_OFFSET + v] + pivot(x, s, v / 9), mu);  // E[x] = E[x − pivot] + pivot
+        mu = fma(wc[v], mp[v] + pivot(x, s, v / 9), mu);  // E[x] = E[x − pivot] + pivot
     }
     for (int o = 16; o > 0; o >>= 1) {
         var += __shfl_xor_sync(0xffffffffu, var, o);

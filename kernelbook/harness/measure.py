@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from . import precision, progress, timing
 
-PROVIDERS = ("ours", "eager", "compile", "cudnn", "cublas", "torch")
+PROVIDERS = ("ours", "eager", "compile", "cudnn", "cublas", "cutlass", "torch")
 
 
 @dataclass

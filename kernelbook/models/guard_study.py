@@ -78,8 +78,8 @@ def natural_batch(n: int, seed: int, size: int = 128, device: str | torch.device
 
 
 def with_outlier_pivot(x: torch.Tensor, factor: float = 1000.0) -> torch.Tensor:
-    """A copy of x whose values x[0, c, 0, 0] — the moments kernel's pivots — are ``factor`` times each channel's
-    mean magnitude: one far-off value per channel, which the kernel subtracts from every value of it."""
+    """A copy of x whose values x[0, c, 0, 0] — one of the 16 samples of the moments kernel's pivot — are ``factor``
+    times each channel's mean magnitude: one far-off value per channel, which moves the pivot by a sixteenth of it."""
     y = x.clone()
     y[0, :, 0, 0] = factor * x.abs().mean(dim=(0, 2, 3))
     return y
@@ -164,15 +164,23 @@ def patch_moments(x: torch.Tensor, k: int = K, chunk: int = 8) -> tuple[torch.Te
 
 
 def kernel_pivot(x: torch.Tensor) -> torch.Tensor:
-    """The per-channel pivot the moments kernel subtracts before it forms products: x[0, c, 0, 0]."""
-    return x[0, :, 0, 0].detach().double()
+    """The per-channel pivot the moments kernel subtracts before it forms products: the mean of the 16 values on
+    a 4×4 grid over sample 0 (rows and columns ⌊i·(H−1)/3⌋), summed in float32 in the kernel's order."""
+    _, c, h, w = x.shape
+    rows, cols = [i * (h - 1) // 3 for i in range(4)], [j * (w - 1) // 3 for j in range(4)]
+    grid = x[0][:, rows][:, :, cols].detach().float().reshape(c, 16)
+    acc = torch.zeros(c, dtype=torch.float32, device=x.device)
+    for k in range(16):
+        acc = acc + grid[:, k]
+    return (acc * 0.0625).double()
 
 
 def kappa(x: torch.Tensor, w: torch.Tensor, pivot: str | torch.Tensor | None = None,
           moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c per output channel, in float64 on the CPU: what the guard computes. With
-    ``pivot`` ("kernel": x[0, :, 0, 0], or one value per input channel), |Σ| becomes |S_p|, S_p = Σ + (m − p)(m − p)ᵀ
-    the second moments about the pivot that the kernel actually sums: the amplification its rounding meets.
+    """κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c per output channel, in float64 on the CPU. With ``pivot`` ("kernel": the
+    kernel's own, ``kernel_pivot``; or one value per input channel), |Σ| becomes |S_p|, S_p = Σ + (m − p)(m − p)ᵀ
+    the second moments about the pivot that the kernel actually sums: the amplification its rounding meets, and
+    what the guard computes (pivot="kernel").
     ``moments``: ``patch_moments(x)`` if already computed."""
     mean, cov = moments if moments is not None else patch_moments(x)
     wr = w.detach().reshape(len(w), -1).to(device=cov.device, dtype=torch.float64)
@@ -341,7 +349,7 @@ def error_vs_kappa(mod, cases: Iterable[Case] | Mapping[str, tuple], maths: Sequ
                         "case": case.name, "input": case.input, "filters": case.filters, "n": int(x.shape[0]),
                         "strategy": strategy, "math": math_, **guard, **default,
                         "kappa_max": float(kap.max()), "kappa_pivot_max": float(kap_p.max()),
-                        "guard_predicts": "inplace" if float(kap.max()) > guard["guard_kappa_max"] else "moments",
+                        "guard_predicts": "inplace" if float(kap_p.max()) > guard["guard_kappa_max"] else "moments",
                         "rel_err": r["rel_err"], "max_abs_err": r["max_abs_err"], "unwritten": r["unwritten"],
                         "passed": r["passed"], "eager_rel_err": e["rel_err"],
                         "ratio_to_eager": r["rel_err"] / e["rel_err"] if e["rel_err"] > 0 else float("inf"),
@@ -373,3 +381,67 @@ def implied_u(df, kappa_min: float = 10.0):
         res["channels"] = int(len(err))
         out[math_] = res
     return pd.DataFrame(out).T
+
+
+def chapter_check(mod, filters: Sequence[str] = ("kaiming_uniform", "sobel_x_one", "laplacian_one"), n: int = 128,
+                  seed: int = 0, rep: int = 20) -> dict:
+    """The capstone's natural-image check: a batch of ``n`` natural-image crops (``natural_batch``) through each
+    filter set of ``filter_sets``, the moments forced on both arithmetics (their variance error against κ about
+    the pivot) and the default call (its path, error against eager float32's, time). JSON-ready: ``rows``, one
+    per filter set, and ``u_eff``, per math the largest variance error per unit of κ (channels with κ ≥ 10)."""
+    sets = filter_sets(seed)
+    x = natural_batch(n, seed, device="cuda")
+    cases = [Case(f, x, *sets[f], input="natural", filters=f) for f in filters]
+    chapter = "07_capstone_conv_bn_scale"
+    df = error_vs_kappa(mod, cases, strategies=("moments",), time=False, chapter=chapter)
+    default = error_vs_kappa(mod, cases, maths=("auto",), strategies=("auto",), rep=rep, chapter=chapter)
+    u = implied_u(df)
+    rows = []
+    for (f, g), (_, d) in zip(df.groupby("filters", sort=False), default.iterrows(), strict=True):
+        rows.append({"filters": f, "kappa_pivot_max": d["kappa_pivot_max"], "kappa_max": d["kappa_max"],
+                     "default_math": d["default_math"], "default_choice": d["default_choice"],
+                     "default_ms": d["default_ms"], "default_rel_err": d["rel_err"],
+                     "eager_rel_err": d["eager_rel_err"],
+                     **{f"moments_{r['math']}_rel_err": r["rel_err"] for _, r in g.iterrows()}})
+    return {"n": n, "rows": rows, "u_eff": {m: float(u.loc[m, "u_eff (kappa_pivot_c)"]) for m in u.index}}
+
+
+def chapter_glue(nat: dict, kappa_threshold: float) -> dict:
+    """The numbers the capstone's prose quotes from ``chapter_check``'s record (``nat``): batch size, largest κ,
+    the default's paths in words, worst errors, and u_eff per math in units of 2⁻²⁴."""
+    from ..harness.check import FP32_UNIT_ROUNDOFF as U
+
+    rows = nat["rows"]
+    paths = [r["default_choice"] for r in rows]
+    if len(set(paths)) == 1:
+        words = f"the {'in-place path' if paths[0] == 'inplace' else 'moments'} for every filter set"
+    else:
+        words = "; ".join(f"{'in place' if p == 'inplace' else 'the moments'} for `{r['filters']}`"
+                          for r, p in zip(rows, paths, strict=True))
+    return {"nat_n": int(nat.get("n", 128)), "nat_kappa_max": max(r["kappa_pivot_max"] for r in rows),
+            "nat_paths": words, "nat_worst": max(r["default_rel_err"] for r in rows),
+            "nat_eager": max(r["eager_rel_err"] for r in rows),
+            "nat_tc_worst": max(r.get("moments_3xtf32_rel_err", float("nan")) for r in rows),
+            "nat_threshold": kappa_threshold,
+            "u_eff_tc": nat["u_eff"].get("3xtf32", float("nan")) / U, "u_eff_ffma": nat["u_eff"]["fp32"] / U}
+
+
+def natural_check(nat: dict, tol: float) -> dict:
+    """``chapter_check``'s result as a record check: the default's worst error against the chapter's tolerance."""
+    worst = max(r["default_rel_err"] for r in nat["rows"])
+    return {"rel_err": worst, "tol": tol, "passed": bool(worst <= tol),
+            "paths": {r["filters"]: r["default_choice"] for r in nat["rows"]}}
+
+
+def emulate_moments(x: torch.Tensor, w: torch.Tensor, pivot: bool = True, band: int = 2048):
+    """(κ_c about the kernel's pivot, σ_c² the moments' way) on the CPU with the kernel's arithmetic: float32
+    products of pivot-shifted patch values, per-band float32 sums, bands merged and the quadratic form in float64."""
+    import torch.nn.functional as F
+
+    pt = F.unfold(x, K).transpose(1, 2).reshape(-1, w[0].numel())
+    wr = w.reshape(len(w), -1).double()
+    if pivot:  # the kernel's pivot of each channel, subtracted from all of that channel's values
+        pt = pt - kernel_pivot(x).float().repeat_interleave(K * K)
+    gram = sum((b.T @ b).double() for b in pt.split(band))  # bands merged in double
+    mean = sum(b.sum(0).double() for b in pt.split(band)) / len(pt)
+    return kappa(x, w, "kernel"), ((gram / len(pt) - torch.outer(mean, mean)) @ wr.T * wr.T).sum(0)

@@ -425,7 +425,8 @@ class Roof:
 
 
 PROVIDER_COLOURS = {"ours": "#c0392b", "eager": "#7f8c8d", "compile": "#2e86c1", "cudnn": "#8e44ad",
-                    "cublas": "#d68910", "torch": "#17a589"}  # ours: kb.plots.OURS; eager: kb.plots.BASELINE
+                    "cublas": "#d68910", "cutlass": "#76b900",
+                    "torch": "#17a589"}  # ours: kb.plots.OURS; eager: kb.plots.BASELINE
 MATH_MARKERS = {"fp32": "o", "tf32": "^", "3xtf32": "s", "fp64": "D"}
 
 

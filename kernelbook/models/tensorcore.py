@@ -117,9 +117,9 @@ def check_versions(mod, shapes=CHECK_SHAPES, seed: int = 0) -> list[dict]:
     return rows
 
 
-def error_growth(mod, ks=(64, 512, 2048, 8192), mn: int = 256, seed: int = 5) -> list[dict]:
-    """Relative error against float64 of the chained (v1) and per-step (v5) 3xTF32 products and of
-    cuBLAS in float32, as K grows (M = N = ``mn``)."""
+def error_growth(mod, cutlass=None, ks=(64, 512, 2048, 8192), mn: int = 256, seed: int = 5) -> list[dict]:
+    """Relative error against float64 of the chained (v1) and per-step (v5) 3xTF32 products, of cuBLAS in
+    float32 and (given the ``cutlass_gemm`` module) of CUTLASS's 3xTF32 GEMM, as K grows (M = N = ``mn``)."""
     from ..harness import check, precision
 
     rows = []
@@ -129,10 +129,59 @@ def error_growth(mod, ks=(64, 512, 2048, 8192), mn: int = 256, seed: int = 5) ->
         ref = a.double() @ b.double()
         with precision.tf32(conv=False, matmul=False):
             fp32 = a @ b
-        rows.append({"k": k, **{name: check.report(out, ref, tol=1.0)["rel_err"] for name, out in (
-            ("v1 chained", mod.gemm_tf32(a, b, 3, 1)), ("v5 per step", mod.gemm_tf32(a, b, 3, 5)),
-            ("cuBLAS float32", fp32))}})
+        outs = [("v1 chained", mod.gemm_tf32(a, b, 3, 1)), ("v5 per step", mod.gemm_tf32(a, b, 3, 5)),
+                ("cuBLAS float32", fp32)]
+        if cutlass is not None:
+            outs.append(("CUTLASS 3xTF32", cutlass.cutlass_gemm(a, b, 3, 0)))
+        rows.append({"k": k, **{name: check.report(out, ref, tol=1.0)["rel_err"] for name, out in outs}})
     return rows
+
+
+# One m16n8k8 on chosen values (kernels/mma_probe.cu): what the tensor core does to an operand's low bits and
+# how it rounds a sum. Each case: A's first row holds `terms` copies of a, B's first column ones, C[0, 0] = c.
+PROBE_CASES = {
+    "operand 1 + 2⁻¹¹ + 2⁻¹³ (× 1)": (1 + 2**-11 + 2**-13, 0.0, 1),
+    "sum 1 + 1.5·2⁻²⁴": (3 * 2**-25, 1.0, 1),
+    "sum −1 − 1.5·2⁻²⁴": (-3 * 2**-25, -1.0, 1),
+    "sum 1 − 2⁻²⁶": (-(2**-26), 1.0, 1),
+    "sum 1 + 8 × 2⁻²⁵": (2**-25, 1.0, 8),
+    "sum 1 + 8 × 2⁻²⁶": (2**-26, 1.0, 8),
+}
+
+
+def probe(pr) -> list[dict]:
+    """Each PROBE_CASES case through one TF32 mma: the exact value, float32's nearest, and the mma's result with
+    the operands' float32 bits as they are and with cvt.rna first (``pr``: the mma_probe module)."""
+    rows = []
+    for name, (a_val, c_val, terms) in PROBE_CASES.items():
+        a, b, c = torch.zeros(16, 8, device="cuda"), torch.zeros(8, 8, device="cuda"), torch.zeros(16, 8, device="cuda")
+        a[0, :terms], b[:terms, 0], c[0, 0] = a_val, 1.0, c_val
+        exact = float(torch.tensor(a_val, dtype=torch.float64) * terms + c_val)
+        rows.append({"case": name, "exact": exact, "float32 nearest": float(torch.tensor(exact)),
+                     "mma, raw bits": float(pr.mma_probe(a, b, c, False)[0, 0]),
+                     "mma, cvt.rna": float(pr.mma_probe(a, b, c, True)[0, 0])})
+    return rows
+
+
+def probe_verdict(rows: list[dict]) -> dict[str, str]:
+    """What the probe shows, in words: operands truncated or rounded; sums rounded to nearest or toward zero."""
+    r = {row["case"]: row for row in rows}
+    op = r["operand 1 + 2⁻¹¹ + 2⁻¹³ (× 1)"]
+    up, down = r["sum 1 + 1.5·2⁻²⁴"], r["sum −1 − 1.5·2⁻²⁴"]
+    return {"probe_operand": "drops them (truncates)" if op["mma, raw bits"] == 1.0 else "rounds them",
+            "probe_sum": "toward zero" if up["mma, raw bits"] == 1.0 and down["mma, raw bits"] == -1.0
+            else "to nearest" if up["mma, raw bits"] == up["float32 nearest"] else "in another direction"}
+
+
+def mma_ceiling(pr, blocks: int, iters: int, seed: int = 0):
+    """(function to time, FLOP, GHz): the varying-operand TF32 ceiling of kernels/mma_probe.cu, its FLOP per call,
+    and the SM clock one call ran at by its own counters (median over blocks of clock64 cycles / ns)."""
+    cfg = pr.ceiling_config()
+    g = torch.Generator().manual_seed(seed)
+    seeds = torch.randint(0, 2**31 - 1, (6 * cfg["threads"],), generator=g, dtype=torch.int32).cuda()
+    flop = blocks * cfg["threads"] // 32 * iters * cfg["chains"] * 2 * cfg["macs_per_mma"]
+    clocks = pr.mma_ceiling(seeds, blocks, iters)[1].double().cpu()
+    return (lambda: pr.mma_ceiling(seeds, blocks, iters)), flop, float((clocks[:, 0] / clocks[:, 1]).median())
 
 
 def bad_inputs(mod) -> dict[str, str]:
@@ -265,7 +314,7 @@ def path_counters(rows: list[dict], order_by: str):
 # ---- the chapter's figures ----
 
 GROWTH_LABELS = {"v1 chained": "v1: one accumulator over all of K", "v5 per step": "v5: each step from zero",
-                 "cuBLAS float32": "cuBLAS float32"}
+                 "cuBLAS float32": "cuBLAS float32", "CUTLASS 3xTF32": "CUTLASS 3xTF32 (staged every 16)"}
 
 
 def plot_error_growth(ax, grow) -> None:
@@ -274,8 +323,9 @@ def plot_error_growth(ax, grow) -> None:
     from ..harness.plots import BASELINE, CEILING, OURS
 
     k = grow.index.to_numpy(dtype=float)
-    for col, colour in zip(GROWTH_LABELS, (BASELINE, OURS, CEILING), strict=True):
-        ax.plot(k, grow[col], marker="o", color=colour, label=GROWTH_LABELS[col])
+    for col, colour in zip(GROWTH_LABELS, (BASELINE, OURS, CEILING, "#76b900"), strict=True):
+        if col in grow:
+            ax.plot(k, grow[col], marker="o", color=colour, label=GROWTH_LABELS[col])
     for col, power, ls, label in (("v1 chained", 1, "--", "∝ K"), ("v5 per step", 0.5, ":", "∝ √K")):
         ax.plot(k, grow[col].iloc[0] * (k / k[0]) ** power, ls=ls, lw=0.8, color="black", label=label)
     ax.set(xscale="log", yscale="log", xlabel="K (M = N = 256)", ylabel="relative error vs float64")
@@ -298,3 +348,36 @@ def plot_rates(ax, tflops, lines: dict[str, float]) -> None:
     ax.set_ylim(len(tflops) - 0.5, -1.3)  # top to bottom, with a row for the ceilings' names
     ax.set_xlim(0, max(lines.values()) * 1.05)
     ax.set_xlabel("TFLOP/s (2·M·N·K / median time)")
+
+
+def ceilings_table(ch3: dict, t_ceil, clock_ghz: float | None):
+    """The rates a float32-accurate product can reach on this GPU, from chapter 3's FFMA record and this chapter's
+    timed ceilings (``t_ceil``: kb.measure.run's table): (table, glue dict, FFMA TFLOP/s, the mma.sync ceiling ÷ 3).
+    The mma.sync TF32 ceiling is the varying-operand kernel's, at the clock it ran at."""
+    import pandas as pd
+
+    f3, t3 = ch3["variants"]["ffma_ours"]["counts"]["flop"], ch3["timings_ms"]["ffma_ours"]
+    ffma = f3 / t3["median"] / 1e9  # TFLOP/s
+    tflops = t_ceil["TFLOP/s"]
+    mma = tflops["mma_ceiling"] if "mma_ceiling" in tflops else tflops["mma_peak"]
+    rates = {"FFMA (chapter 3)": ffma, "cuBLAS float32": tflops["eager_fp32"], "cuBLAS TF32": tflops["eager_tf32"],
+             "mma.sync TF32, constant operands": tflops["mma_peak"],
+             "mma.sync TF32, varying operands (the ceiling)": mma}
+    table = pd.DataFrame({"TFLOP/s": rates}).rename_axis("rate")
+    table["÷ 3 (3xTF32)"] = [r / 3 if "TF32" in n else r for n, r in rates.items()]
+    glue = {"ffma_tflops": ffma, "tf32_over_ffma": tflops["eager_tf32"] / ffma, "mma_tflops": mma,
+            "mma_const_tflops": tflops["mma_peak"], "mma3": mma / 3, "wgmma3": tflops["eager_tf32"] / 3,
+            "tf32_tflops": tflops["eager_tf32"], "mma_clock_ghz": clock_ghz or float("nan")}
+    return table, glue, ffma, mma / 3
+
+
+def cutlass_glue(t, err: dict, ours: str) -> dict:
+    """The numbers the chapter quotes about CUTLASS's GEMMs in the 8192³ table ``t`` (variants cutlass_*): the
+    fastest 3xTF32 tile's rate, name, error, its ratio to ``ours`` and its % of the mma.sync ceiling; the fastest
+    plain TF32 tile's rate."""
+    c3 = t[t.index.str.startswith("cutlass_3xtf32")]["TFLOP/s"]
+    c1 = t[t.index.str.startswith("cutlass_tf32")]["TFLOP/s"]
+    best = c3.idxmax()
+    return {"cutlass3_tflops": c3.max(), "cutlass3_best": best, "cutlass3_err": err[best],
+            "cutlass3_vs_v5": c3.max() / t.loc[ours, "TFLOP/s"],
+            "cutlass3_pct": t.loc[best, "% of mma.sync ceiling"], "cutlass1_tflops": c1.max()}

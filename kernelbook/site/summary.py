@@ -71,13 +71,13 @@ TENSOR_CORES = "06_tensor_cores"  # the chapter that measures the tensor cores' 
 
 
 def tensor_core_rate(gpu_slug: str | None = None, root: Path = RESULTS) -> float | None:
-    """FLOP/s of 3xTF32 products on ``gpu_slug``: a third of the TF32 rate the tensor-core chapter's
-    registers-only ``mma_peak`` kernel measured (None where that chapter has no record)."""
+    """FLOP/s of 3xTF32 products on ``gpu_slug``: a third of the TF32 mma.sync ceiling the tensor-core chapter
+    measured (``mma_ceiling``, operands varying; ``mma_peak`` in older records; None where it has no record)."""
     rec = next((r for r in on_gpu(gpu_slug, root) if r["chapter"] == TENSOR_CORES), None)
-    if rec is None or "mma_peak" not in rec.get("timings_ms", {}):
+    name = next((n for n in ("mma_ceiling", "mma_peak") if n in (rec or {}).get("timings_ms", {})), None)
+    if name is None:
         return None
-    flop = rec["variants"]["mma_peak"]["counts"]["flop"]
-    return 1e3 * flop / rec["timings_ms"]["mma_peak"]["median"] / 3
+    return 1e3 * rec["variants"][name]["counts"]["flop"] / rec["timings_ms"][name]["median"] / 3
 
 
 def floor_ms(rec: dict, variant: str, ceil: tuple[float, float] | None,
