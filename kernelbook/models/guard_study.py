@@ -416,7 +416,7 @@ def chapter_glue(nat: dict, kappa_threshold: float) -> dict:
     if len(set(paths)) == 1:
         words = f"the {'in-place path' if paths[0] == 'inplace' else 'moments'} for every filter set"
     else:
-        words = "; ".join(f"{'in place' if p == 'inplace' else 'the moments'} for `{r['filters']}`"
+        words = "; ".join(f"{'in place' if p == 'inplace' else 'the moments'} for {r['filters']}"
                           for r, p in zip(rows, paths, strict=True))
     return {"nat_n": int(nat.get("n", 128)), "nat_kappa_max": max(r["kappa_pivot_max"] for r in rows),
             "nat_paths": words, "nat_worst": max(r["default_rel_err"] for r in rows),
