@@ -104,7 +104,10 @@ def test_cuda_home_is_the_toolkit_root():
 # Kernels allowed a small spill, with the bytes they may spill at most: the 3xTF32 GEMM's versions 3-5
 # hold 64 accumulators, both halves of their fragments and the next slab in 255 registers (chapter 6
 # shows the report and times them as they are).
-SPILL_ALLOWED = {("gemm_3xtf32", "gemm_tf32_v3_kernel<3"): 32, ("gemm_3xtf32", "gemm_tf32_v5_kernel<3>"): 16}
+# CUTLASS's own kernels (the yardstick, built as the library builds them) keep an 8-byte stack frame on some
+# targets (its convolution on sm_80; its sm_80 GEMM compiled for sm_75, where it does not run).
+SPILL_ALLOWED = {("gemm_3xtf32", "gemm_tf32_v3_kernel<3"): 32, ("gemm_3xtf32", "gemm_tf32_v5_kernel<3>"): 16,
+                 ("cutlass_conv", "cutlass"): 8, ("cutlass_gemm", "cutlass"): 8}
 
 
 @pytest.mark.compile
