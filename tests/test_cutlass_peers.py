@@ -135,3 +135,18 @@ def test_mma_ceiling_runs_and_reports_its_clock(mods):
     assert ((ghz > 0.3) & (ghz < 4.0)).all(), ghz
     with pytest.raises(RuntimeError, match="seeds must have shape"):
         pr.mma_ceiling(seeds[:6], 4, 64)
+
+
+def test_definition_inputs_and_the_words_said_about_them():
+    ins = kb.tensorcore.definition_inputs(device="cpu")
+    m, n, k = kb.tensorcore.DEFINITION_SHAPE
+    for a, b in ins.values():
+        assert a.shape == (m, k) and b.shape == (k, n) and torch.isfinite(a @ b).all()
+    a, _ = ins["magnitudes 2^-60 … 2^60"]
+    e = torch.log2(a.abs())
+    assert e.min() < -55 and e.max() > 55
+    a, b = ins["products that cancel"]
+    ab = (a.double() @ b.double()).abs()
+    assert (ab < 0.05 * (a.abs().double() @ b.abs().double())).all()  # Σab ≪ Σ|ab|
+    rows = [{"input": "x", "ratio": 1.5}, {"input": "y", "ratio": 3.0}, {"input": "x", "ratio": 0.5}]
+    assert kb.tensorcore.definition_sentence(rows) == "they stay within twice its error on x, and miss it on y (3.0×)"

@@ -111,9 +111,9 @@ def check_versions(mod, shapes=CHECK_SHAPES, seed: int = 0) -> list[dict]:
         with precision.tf32(conv=False, matmul=False):
             fp32 = check.report(a @ b, ref, tol=1.0)["rel_err"]
         for version in VERSIONS:
-            errs = [check.report(mod.gemm_tf32(a, b, p, version), ref, tol=1.0)["rel_err"] for p in (3, 1)]
-            rows.append({"shape": f"{m}×{n}×{k}", "version": version, "3xTF32": errs[0], "TF32": errs[1],
-                         "cuBLAS float32": fp32})
+            r3, r1 = (check.report(mod.gemm_tf32(a, b, p, version), ref, tol=1.0) for p in (3, 1))
+            rows.append({"shape": f"{m}×{n}×{k}", "version": version, "3xTF32": r3["rel_err"], "TF32": r1["rel_err"],
+                         "cuBLAS float32": fp32, "3xTF32 max abs": r3["max_abs_err"]})
     return rows
 
 
@@ -381,3 +381,78 @@ def cutlass_glue(t, err: dict, ours: str) -> dict:
     return {"cutlass3_tflops": c3.max(), "cutlass3_best": best, "cutlass3_err": err[best],
             "cutlass3_vs_v5": c3.max() / t.loc[ours, "TFLOP/s"],
             "cutlass3_pct": t.loc[best, "% of mma.sync ceiling"], "cutlass1_tflops": c1.max()}
+
+
+# The inputs of the book's definition of float32-accurate (the method chapter) beyond uniform [-1, 1): a shifted
+# far from zero, products that cancel, and magnitudes that span 2^-60 … 2^60. M × N × K of each product:
+DEFINITION_SHAPE = (256, 256, 1024)
+
+
+def definition_inputs(seed: int = 0, device: str = "cuda") -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """name → (a, b) for the definition's input classes, at DEFINITION_SHAPE."""
+    from ..harness import check
+
+    m, n, k = DEFINITION_SHAPE
+    u = lambda shape, s, lo=-1.0, hi=1.0: check.rand(shape, seed=seed + s, device=device, low=lo, high=hi)  # noqa: E731
+    sign = (torch.arange(k, device=device) % 2 * 2 - 1).float()[:, None]  # +1, −1, … down K
+    wide = torch.sign(u([m, k], 3)) * torch.exp2(torch.round(u([m, k], 4, -60.0, 60.0)))
+    return {"a shifted by +1000": (u([m, k], 1, 999.0, 1001.0), u([k, n], 2)),
+            "products that cancel": (1 + 1e-3 * u([m, k], 5), sign * (1 + 1e-3 * u([k, n], 6))),
+            "magnitudes 2^-60 … 2^60": (wide * (1 + 0.5 * u([m, k], 7, 0.0, 1.0)), u([k, n], 8))}
+
+
+def version_checks(rows: list[dict]) -> dict[str, dict]:
+    """The record's checks from ``check_versions``'s rows: every version from 2 on, each shape, within twice
+    cuBLAS's float32 error on the same inputs plus 1e-7 (for errors of a few roundings)."""
+    out = {}
+    for r in rows:
+        if r["version"] > 1:
+            tol = 2 * r["cuBLAS float32"] + 1e-7
+            out[f"v{r['version']} {r['shape']}"] = {"rel_err": r["3xTF32"], "max_abs_err": r["3xTF32 max abs"],
+                                                    "tol": tol, "unwritten": 0, "passed": r["3xTF32"] <= tol}
+    return out
+
+
+def definition_rows(mod, cutlass) -> list[dict]:
+    """The definition's other input classes (``definition_inputs``) through versions 2–5 and CUTLASS's 3xTF32:
+    each path's error against float64, cuBLAS float32's on the same input, and their ratio (≤ 2: float32-accurate
+    by the book's definition)."""
+    from ..harness import check, precision
+
+    rows = []
+    for name, (a, b) in definition_inputs().items():
+        ref = a.double() @ b.double()
+        with precision.tf32(conv=False, matmul=False):
+            lib = check.report(a @ b, ref, tol=1.0)["rel_err"]
+        paths = {f"v{v}": mod.gemm_tf32(a, b, 3, v) for v in VERSIONS if v > 1}
+        paths["CUTLASS 3xTF32"] = cutlass.cutlass_gemm(a, b, 3, 0)
+        for path, out in paths.items():
+            err = check.report(out, ref, tol=1.0)["rel_err"]
+            rows.append({"input": name, "path": path, "error": err, "cuBLAS float32": lib, "ratio": err / lib})
+    return rows
+
+
+def definition_table(rows: list[dict]):
+    """``definition_rows`` as input × path → error over cuBLAS float32's."""
+    import pandas as pd
+
+    return pd.DataFrame(rows).pivot(index="input", columns="path", values="ratio").reindex(
+        list(dict.fromkeys(r["input"] for r in rows)))
+
+
+def definition_sentence(rows: list[dict]) -> str:
+    """What the definition's rows say, in words: where every path is within 2× cuBLAS float32, and where not."""
+    worst = {}
+    for r in rows:
+        worst[r["input"]] = max(worst.get(r["input"], 0.0), r["ratio"])
+    ok = [k for k, v in worst.items() if v <= 2]
+    miss = [f"{k} ({v:.1f}×)" for k, v in worst.items() if v > 2]
+    said = f"they stay within twice its error on {', '.join(ok) if ok else 'none of them'}"
+    return said + (f", and miss it on {', '.join(miss)}" if miss else "")
+
+
+def version_table(chk):
+    """``check_versions``'s rows as a table: shape × version (3xTF32 error), with TF32's and cuBLAS's worst."""
+    by_v = chk.pivot(index="shape", columns="version", values="3xTF32").add_prefix("v")
+    worst = chk.groupby("shape")[["TF32", "cuBLAS float32"]].max()
+    return by_v.join(worst.rename(columns={"TF32": "TF32 (ours, 1 pass)"})).reindex(chk["shape"].unique())
