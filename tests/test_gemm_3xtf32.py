@@ -115,10 +115,11 @@ def test_bad_version_and_the_chapters_bad_inputs(mod):
 
 
 def test_float32_accurate_by_the_definition_on_shifted_and_wide_range_inputs(mod):
-    """Versions 2-5 and CUTLASS's 3xTF32 on the definition's inputs (the method chapter): with A shifted by 1000
-    and with magnitudes spanning 2^-60 … 2^60, within twice cuBLAS's float32 error; products that cancel are
-    measured in the chapter (the split's products are not exact, and cancellation shows it)."""
+    """Versions 2-5 on the definition's inputs (the method chapter): with A shifted by 1000 and with magnitudes
+    spanning 2^-60 … 2^60, within twice cuBLAS's float32 error. Products that cancel, and CUTLASS's 3xTF32 (its big
+    parts truncated, not rounded), are measured in the chapter, not held to it: on the H200 they miss it."""
     rows = kb.tensorcore.definition_rows(mod, kb.build.load("cutlass_gemm").raw)
     assert {r["path"] for r in rows} == {"v2", "v3", "v4", "v5", "CUTLASS 3xTF32"}
-    held = [r for r in rows if r["input"] != "products that cancel"]
-    assert held and all(r["ratio"] <= 2 and r["error"] > 0 for r in held), held
+    assert all(0 < r["error"] < 1e-3 for r in rows), rows
+    held = [r for r in rows if r["input"] != "products that cancel" and r["path"] != "CUTLASS 3xTF32"]
+    assert len(held) == 8 and all(r["ratio"] <= 2 for r in held), held
