@@ -208,6 +208,12 @@ def kernel_name(name: str, width: int = 56) -> str:
     'void at::native::vectorized_elementwise_kernel<4, at::native::MulFunctor<float>, at::detail::Array<char*,
     3> >(int, ...)' → 'vectorized_elementwise_kernel<4, MulFunctor, Array>'
     """
+    if name.startswith("_ZN7cutlass"):  # a mangled CUTLASS kernel: its kind, first tile and math, in words
+        kind = next((k for k in ("ImplicitGemmConvolution", "Gemm") if k in name), "Kernel")
+        tile = re.search(r"GemmShapeILi(\d+)ELi(\d+)ELi(\d+)E", name)
+        parts = [f"cutlass {kind}", "×".join(tile.groups()) if tile else "",
+                 *(w for w in ("FewChannels", "FastF32") if w in name)]
+        return " ".join(p for p in parts if p)
     s = re.sub(r"\((anonymous namespace|unnamed)\)::|<unnamed>::", "", name.strip())
     s = s.removeprefix("void ").strip()
     depth = 0
@@ -217,6 +223,8 @@ def kernel_name(name: str, width: int = 56) -> str:
             s = s[:i]
             break
     s = re.sub(r"\b[A-Za-z_]\w*::", "", s)  # namespaces and enclosing classes
+    if m := re.fullmatch(r"Kernel2?<(\w+)>", s):  # a generic launcher (cuDNN's CUTLASS kernels): its argument
+        s = m.group(1)
     s = re.sub(r"\((?:int|unsigned int|long|bool|unsigned|char)\)", "", s)
     s = re.sub(r"\s+", " ", s).strip()
     if len(s) > width:

@@ -301,3 +301,47 @@ def draw_version_ladder(training_ms, bound_ms: float):
            ylabel="training-mode time (ms)", ylim=(0, None),
            title="training mode by version (dashed: the moments strategy's bound)")
     return fig
+
+
+def problem_glue(problem, tol: float) -> dict:
+    """The capstone's opening numbers: input size in MB, output channels, the tolerance, and the shapes in words."""
+    n, c, h, w = problem.input_shape
+    c_out, k = problem.init_args[1:3]
+    return {"x_mb": n * c * h * w * 4e-6, "c_out": c_out, "target_err": tol,
+            "shape_x": f"({n}, {c}, {h}, {w})", "shape_w": f"({c_out}, {c}, {k}, {k})",
+            "shape_y": f"({n}, {c_out}, {h - k + 1}, {w - k + 1})",
+            "y_mb": n * c_out * (h - k + 1) * (w - k + 1) * 4e-6}
+
+
+def main_kernels(prof, share: float = 0.02):
+    """A profile's kernels per variant that take at least ``share`` of that variant's kernel time (the rest are
+    launches of a few microseconds), as the chapter's table shows them."""
+    big = prof[prof["total_us"] >= share * prof.groupby("variant")["total_us"].transform("sum")]
+    return big.set_index("variant")[["kernel", "launches", "total_us"]]
+
+
+SIGMA_ERR = {"moments": "σ² rel. error, moments", "in place": "σ² rel. error, in place"}
+
+
+def emulation_table(caveat) -> dict:
+    """The CPU emulation's rows (offset, δ, filter, κ, the moments' and the in-place σ² errors) as ``kb.show.table``'s
+    arguments: named columns, one number format per kind."""
+    data = caveat.drop(columns="offset").rename(columns=lambda s: SIGMA_ERR.get(s, s))
+    return {"data": data, "formats": {"δ": "sci", "κ": "sci", **dict.fromkeys(SIGMA_ERR.values(), "err")},
+            "title": "σ²'s relative error, emulated on the CPU", "collapse": True}
+
+
+F32_LIBRARY = {"train": "compile_train_fp32", "eval": "cudnn_folded_fp32"}  # TF32 off: the float32 library path
+
+
+def glue_baselines(base: dict, ours: dict, err) -> None:
+    """Glue, per mode, the fastest baseline (``{mode}_fastest``, ``{mode}_margin``) and the fastest one that is
+    float32-accurate by the book's definition — within twice the float32 library path's error
+    (``{mode}_fastest_f32``, ``{mode}_margin_f32``)."""
+    import kernelbook as kb
+
+    for m, times in base.items():
+        accurate = times[err[times.index] <= 2 * err[F32_LIBRARY[m]]]
+        for suffix, t in (("", times), ("_f32", accurate)):
+            kb.glue_md(f"{m}_fastest{suffix}", f"`{t.idxmin()}` ({t.min():.3f} ms)")
+            kb.glue(f"{m}_margin{suffix}", t.min() / ours[m])
