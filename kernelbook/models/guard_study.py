@@ -395,7 +395,9 @@ def natural_table(nat: dict):
     """``chapter_check``'s rows as the chapter shows them: one row per filter set, short column names."""
     import pandas as pd
 
-    return pd.DataFrame(nat["rows"]).set_index("filters")[list(NATURAL_COLUMNS)].rename(columns=NATURAL_COLUMNS)
+    short = {"kaiming_uniform": "P73's init", "sobel_x_one": "Sobel", "laplacian_one": "Laplacian"}
+    df = pd.DataFrame(nat["rows"]).set_index("filters")[list(NATURAL_COLUMNS)].rename(columns=NATURAL_COLUMNS)
+    return df.rename(index=lambda f: short.get(f, f))
 
 
 def chapter_check(mod, filters: Sequence[str] = ("kaiming_uniform", "sobel_x_one", "laplacian_one"), n: int = 128,

@@ -436,8 +436,9 @@ def definition_table(rows: list[dict]):
     """``definition_rows`` as input × path → error over cuBLAS float32's."""
     import pandas as pd
 
-    return pd.DataFrame(rows).pivot(index="input", columns="path", values="ratio").reindex(
-        list(dict.fromkeys(r["input"] for r in rows)))
+    short = {"a shifted by +1000": "A + 1000", "products that cancel": "cancelling", "magnitudes 2^-60 … 2^60": "2^±60"}
+    table = pd.DataFrame(rows).pivot(index="input", columns="path", values="ratio")
+    return table.reindex(list(dict.fromkeys(r["input"] for r in rows))).rename(index=lambda i: short.get(i, i))
 
 
 def definition_sentence(rows: list[dict]) -> str:
