@@ -148,5 +148,7 @@ def test_definition_inputs_and_the_words_said_about_them():
     a, b = ins["products that cancel"]
     ab = (a.double() @ b.double()).abs()
     assert (ab < 0.05 * (a.abs().double() @ b.abs().double())).all()  # Σab ≪ Σ|ab|
-    rows = [{"input": "x", "ratio": 1.5}, {"input": "y", "ratio": 3.0}, {"input": "x", "ratio": 0.5}]
-    assert kb.tensorcore.definition_sentence(rows) == "they stay within twice its error on x, and miss it on y (3.0×)"
+    rows = [{"input": "x", "path": "v5", "ratio": 1.5}, {"input": "y", "path": "v5", "ratio": 3.0},
+            {"input": "x", "path": "CUTLASS 3xTF32", "ratio": 2.5}]
+    assert kb.tensorcore.definition_sentence(rows) == ("versions 2–5 stay within twice its error on x, and miss it on "
+                                                       "y (3.0×); CUTLASS's 3xTF32 misses it on x (2.5×)")
