@@ -121,6 +121,15 @@ def math_from_profile(rec: dict, profile_rows: Iterable[Mapping]) -> dict[str, s
     return found
 
 
+def clock_ghz(clocks) -> float:
+    """The SM clock a kernel ran at by its own counters: ``clocks`` holds, per block, the ``clock64`` cycles and
+    the ``%globaltimer`` nanoseconds around its loop (a tensor or rows of two); the median of cycles / ns, in GHz."""
+    import statistics
+
+    rows = clocks.double().cpu().tolist() if hasattr(clocks, "double") else clocks
+    return float(statistics.median(cycles / ns for cycles, ns in rows if ns > 0))
+
+
 def sm_clock_mhz(iters: int = 1 << 15) -> float | None:
     """The SM clock the GPU runs at now, in MHz, measured on the GPU itself (None without one).
 
@@ -130,13 +139,10 @@ def sm_clock_mhz(iters: int = 1 << 15) -> float | None:
     at the clock those kernels ran at, so a peak computed from it (SMs × lanes × 2 FLOP × clock) is the
     peak of that run — not nvidia-smi's reading a moment later.
     """
-    import statistics
-
     import torch
 
     if not torch.cuda.is_available():
         return None
     from .build import load
 
-    clocks = load("ceilings").ffma(iters)[1].double().cpu().tolist()
-    return 1e3 * statistics.median(cycles / ns for cycles, ns in clocks if ns > 0)
+    return 1e3 * clock_ghz(load("ceilings").ffma(iters)[1])

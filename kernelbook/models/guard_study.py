@@ -440,6 +440,7 @@ def chapter_glue(nat: dict, kappa_threshold: float) -> dict:
             "nat_paths": words, "nat_worst": max(r["default_rel_err"] for r in rows),
             "nat_eager": max(r["eager_rel_err"] for r in rows),
             "nat_tc_worst": max(r.get("moments_3xtf32_rel_err", float("nan")) for r in rows),
+            "nat_tc_vs_tol": "within the" if max(r["moments_3xtf32_rel_err"] for r in rows) <= TOL else "beyond the",
             "nat_threshold": kappa_threshold,
             "u_eff_tc": nat["u_eff"].get("3xtf32", float("nan")) / U, "u_eff_ffma": nat["u_eff"]["fp32"] / U}
 

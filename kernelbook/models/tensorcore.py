@@ -168,7 +168,14 @@ def probe_verdict(rows: list[dict]) -> dict[str, str]:
     r = {row["case"]: row for row in rows}
     op = r["operand 1 + 2⁻¹¹ + 2⁻¹³ (× 1)"]
     up, down = r["sum 1 + 1.5·2⁻²⁴"], r["sum −1 − 1.5·2⁻²⁴"]
-    return {"probe_operand": "drops them (truncates)" if op["mma, raw bits"] == 1.0 else "rounds them",
+    lost, kept = r["sum 1 − 2⁻²⁶"], r["sum 1 + 8 × 2⁻²⁵"]
+    if lost["mma, raw bits"] == 1.0 and kept["mma, raw bits"] == kept["exact"]:
+        align = ("1 − 2⁻²⁶ comes back as 1, while eight addends of 2⁻²⁵ survive together: the products are aligned "
+                 "to the largest addend, cut to a fixed width, summed, and cut to float32")
+    else:
+        align = f"1 − 2⁻²⁶ comes back as {lost['mma, raw bits']:.9g}, 1 + 8 × 2⁻²⁵ as {kept['mma, raw bits']:.9g}"
+    return {"probe_align": align,
+            "probe_operand": "drops them (truncates)" if op["mma, raw bits"] == 1.0 else "rounds them",
             "probe_sum": "toward zero" if up["mma, raw bits"] == 1.0 and down["mma, raw bits"] == -1.0
             else "to nearest" if up["mma, raw bits"] == up["float32 nearest"] else "in another direction"}
 
@@ -180,8 +187,9 @@ def mma_ceiling(pr, blocks: int, iters: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     seeds = torch.randint(0, 2**31 - 1, (6 * cfg["threads"],), generator=g, dtype=torch.int32).cuda()
     flop = blocks * cfg["threads"] // 32 * iters * cfg["chains"] * 2 * cfg["macs_per_mma"]
-    clocks = pr.mma_ceiling(seeds, blocks, iters)[1].double().cpu()
-    return (lambda: pr.mma_ceiling(seeds, blocks, iters)), flop, float((clocks[:, 0] / clocks[:, 1]).median())
+    from ..harness.measure import clock_ghz
+
+    return (lambda: pr.mma_ceiling(seeds, blocks, iters)), flop, clock_ghz(pr.mma_ceiling(seeds, blocks, iters)[1])
 
 
 def bad_inputs(mod) -> dict[str, str]:

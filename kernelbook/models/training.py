@@ -343,5 +343,5 @@ def glue_baselines(base: dict, ours: dict, err) -> None:
     for m, times in base.items():
         accurate = times[err[times.index] <= 2 * err[F32_LIBRARY[m]]]
         for suffix, t in (("", times), ("_f32", accurate)):
-            kb.glue_md(f"{m}_fastest{suffix}", f"`{t.idxmin()}` ({t.min():.3f} ms)")
+            kb.glue_md(f"{m}_fastest{suffix}", f"`{t.idxmin()}` ({t.min():.3f} ms, error {err[t.idxmin()]:.0e})")
             kb.glue(f"{m}_margin{suffix}", t.min() / ours[m])
