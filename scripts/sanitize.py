@@ -290,9 +290,25 @@ def cutlass_peers() -> None:
     assert torch.isfinite(pr.mma_ceiling(seeds, 2, 8)[0]).all()
 
 
+def gemm_wgmma() -> None:
+    mod = kb.build.load("gemm_wgmma")
+    if not mod.available(torch.device("cuda")):
+        return
+    for m, n, k in ((1, 4, 4), (37, 12, 20), (33, 17, 7), (130, 132, 36), (129, 260, 1028)):
+        a = check.rand([m, k], seed=m, device="cuda", low=-1, high=1)
+        b = check.rand([k, n], seed=n, device="cuda", low=-1, high=1)
+        for passes in (1, 3):
+            for version in (1, 2):
+                check.assert_close(mod.gemm(a, b, passes, version), a.double() @ b.double(), tol=1e-3,
+                                   what=f"wgmma gemm {m}x{n}x{k} passes={passes} v{version}")
+    seeds = torch.arange(1, 257, dtype=torch.int32, device="cuda")
+    assert torch.isfinite(mod.wgmma_ceiling(seeds, 2, 8)[0]).all()
+
+
 WORKLOADS = {"scale": scale, "bn_train": bn_train, "conv2d_folded": conv2d_folded, "mappings": mappings,
              "ceilings": ceilings, "group_stats": group_stats, "conv_bn_scale": conv_bn_scale,
-             "conv3d_gn_mean": conv3d_gn_mean, "gemm_3xtf32": gemm_3xtf32, "cutlass_peers": cutlass_peers}
+             "conv3d_gn_mean": conv3d_gn_mean, "gemm_3xtf32": gemm_3xtf32, "cutlass_peers": cutlass_peers,
+             "gemm_wgmma": gemm_wgmma}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(WORKLOADS)

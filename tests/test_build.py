@@ -96,6 +96,21 @@ def test_plan_builds_outside_the_repo():
     assert not any("fast_math" in f for f in p["nvcc_flags"])
 
 
+def test_hopper_only_kernels_build_for_sm90a_on_sm90():
+    assert build.uses_sm90a("gemm_wgmma") and not build.uses_sm90a("scale")
+    assert "-gencode=arch=compute_90a,code=sm_90a" in build.plan("gemm_wgmma", "90")["nvcc_flags"]
+    assert "-gencode=arch=compute_80,code=sm_80" in build.plan("gemm_wgmma", "80")["nvcc_flags"]
+    assert build.module_name("gemm_wgmma", "90").endswith("_sm90")  # one module per GPU, whatever its target
+
+
+@pytest.mark.compile
+def test_sm90a_report_shows_hopper_instructions():
+    rows = build.resources("gemm_wgmma", "90")
+    assert {r["arch"] for r in rows} == {"sm_90a"}
+    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in build.ptx_instructions(
+        "gemm_wgmma", "gemm_wgmma_kernel", "90")
+
+
 @pytest.mark.compile
 def test_cuda_home_is_the_toolkit_root():
     assert os.path.isfile(os.path.join(build.cuda_home(), "include", "cuda_runtime.h"))

@@ -23,6 +23,9 @@ NVCC_FLAGS = ("-O3", "-lineinfo")  # no --use_fast_math: see the method chapter
 CXX_FLAGS = ("-O3",)  # torch adds the C++ standard it was built with
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 _LIBRARY_INCLUDE = re.compile(r"^\s*#\s*include\s+<(?:cutlass|cute)/", re.MULTILINE)
+# Kernels with a Hopper-only path (wgmma, setmaxnreg) guard it with this macro, which nvcc defines only for the
+# arch-specific target sm_90a; such kernels are built for sm_90a on an sm_90 GPU.
+_SM90A_FEATURE = "__CUDA_ARCH_FEAT_SM90_ALL"
 
 
 def sources(name: str, root: Path | None = None) -> list[Path]:
@@ -87,8 +90,19 @@ def _include_flags(name: str) -> list[str]:
     return [f for d in include_paths(name) for f in ("-I", d)]
 
 
-def _arch_flags(arch: str) -> list[str]:
-    return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+def uses_sm90a(name: str) -> bool:
+    """Whether kernel ``name`` has code for sm_90a alone (it tests ``__CUDA_ARCH_FEAT_SM90_ALL``)."""
+    return any(_SM90A_FEATURE in p.read_text() for p in sources(name))
+
+
+def target(name: str, arch: str) -> str:
+    """The target nvcc builds kernel ``name`` for on a GPU of ``arch``: '90a' for Hopper-only code on sm_90."""
+    return "90a" if arch == "90" and uses_sm90a(name) else arch
+
+
+def _arch_flags(arch: str, name: str | None = None) -> list[str]:
+    t = target(name, arch) if name else arch
+    return [f"-gencode=arch=compute_{t},code=sm_{t}"]
 
 
 def _define_flags(defines: Mapping[str, int | str] | None) -> list[str]:
@@ -100,7 +114,7 @@ def module_name(name: str, arch: str, defines: Mapping[str, int | str] | None = 
     h = hashlib.sha256()
     for p in sources(name):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(" ".join((*NVCC_FLAGS, *_define_flags(defines), *CXX_FLAGS, arch)).encode())
+    h.update(" ".join((*NVCC_FLAGS, *_define_flags(defines), *CXX_FLAGS, target(name, arch))).encode())
     if uses_cutlass(name):  # a new CUTLASS is a new build
         h.update(b"cutlass " + cutlass_include()[1].encode())
     return f"kb_{name}_{h.hexdigest()[:12]}_sm{arch}"
@@ -140,7 +154,7 @@ def plan(name: str, arch: str | None = None, defines: Mapping[str, int | str] | 
         "module": mod,
         "sources": [p.relative_to(p.parents[1]).as_posix() for p in sources(name)],
         "build_dir": cache_dir() / mod,
-        "nvcc_flags": [*NVCC_FLAGS, *_define_flags(defines), *_arch_flags(arch)],
+        "nvcc_flags": [*NVCC_FLAGS, *_define_flags(defines), *_arch_flags(arch, name)],
         "cxx_flags": list(CXX_FLAGS),
     }
 
@@ -285,14 +299,15 @@ def resources(name: str, arch: str = "90", defines: Mapping[str, int | str] | No
 def _resources_live(name: str, arch: str, defines: Mapping[str, int | str] | None) -> list[dict]:
     nvcc = shutil.which("nvcc") or str(Path(cuda_home()) / "bin" / "nvcc")
     cu = KERNELS / f"{name}.cu"
-    cmd = [nvcc, "--resource-usage", *NVCC_FLAGS, *_define_flags(defines), *_arch_flags(arch), *_include_flags(name),
+    cmd = [nvcc, "--resource-usage", *NVCC_FLAGS, *_define_flags(defines), *_arch_flags(arch, name),
+           *_include_flags(name),
            "-c", str(cu), "-o", os.devnull]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"nvcc failed on {cu.name} for sm_{arch}:\n{res.stderr}")
     rows = parse_resource_usage(res.stdout + res.stderr)
     keys = ("kernel", "registers", "smem_bytes", "stack_bytes", "spill_store_bytes", "spill_load_bytes")
-    return [{"arch": f"sm_{arch}", **{k: r.get(k) for k in keys}} for r in rows]
+    return [{"arch": f"sm_{target(name, arch)}", **{k: r.get(k) for k in keys}} for r in rows]
 
 
 def ptx_instructions(name: str, kernel: str, arch: str = "90") -> list[str]:
@@ -302,17 +317,29 @@ def ptx_instructions(name: str, kernel: str, arch: str = "90") -> list[str]:
     return _compiler_report(name, f"ptx {kernel} sm_{arch}", lambda: _ptx_live(name, kernel, arch))
 
 
+def _entry_body(ptx: str, kernel: str) -> str:
+    """The body of the first .entry whose name contains ``kernel``, up to its matching brace (inline asm
+    opens blocks of its own)."""
+    m = next(m for m in re.finditer(r"\.entry\s+(\S+)\(", ptx) if kernel in m.group(1))
+    start = ptx.index("{", ptx.index(")", m.end()))
+    depth = 0
+    for i in range(start, len(ptx)):
+        depth += {"{": 1, "}": -1}.get(ptx[i], 0)
+        if depth == 0:
+            return ptx[start + 1:i]
+    raise ValueError(f"unbalanced braces in the PTX of {m.group(1)}")
+
+
 def _ptx_live(name: str, kernel: str, arch: str) -> list[str]:
     import tempfile
 
     nvcc = shutil.which("nvcc") or str(Path(cuda_home()) / "bin" / "nvcc")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"{name}.ptx"
-        subprocess.run([nvcc, *NVCC_FLAGS, f"-arch=sm_{arch}", *_include_flags(name), "-ptx",
+        subprocess.run([nvcc, *NVCC_FLAGS, *_arch_flags(arch, name), *_include_flags(name), "-ptx",
                         str(KERNELS / f"{name}.cu"), "-o", str(out)], check=True, capture_output=True, text=True)
         text = out.read_text()
-    bodies = re.findall(r"\.entry\s+(\S+)\((.*?)\n}", text, re.DOTALL)
-    body = next(b for n, b in bodies if kernel in n)
+    body = _entry_body(text, kernel)
     ops = []
     for line in body.splitlines():
         line = line.strip()
