@@ -6,15 +6,15 @@
 // them in Python (kernelbook/models/autograd_ops.py).
 // strategy "moments" takes the statistics from the input's moments and writes the output once (C_in ≤ 8);
 // "inplace" writes the conv output with its statistics, then normalises it in place; "auto" (C_in ≤ 8) computes
-// the moments and their condition number κ per channel, and the GPU takes the in-place path for this call
-// when u·κ would exceed the guard's tolerance (conv_moments.cuh), without a host synchronisation; for
-// C_in > 8 "auto" is the in-place strategy.
+// the moments and, from their conditioning, the moments path's predicted output error, and the GPU takes the
+// in-place path for this call when it would exceed the float32 allowance (conv_moments.cuh), without a host
+// synchronisation; for C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
 // math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
-// cores; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it is faster than FFMA: tc_rates.h, else fp32) — except for
-// the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the FFMA
-// convolution is the more accurate (chapter 7 measures both); math="3xtf32" puts it on the tensor cores too.
+// cores; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it is faster than FFMA: tc_rates.h, else fp32) —
+// except for the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the
+// FFMA convolution is the more accurate (chapter 7 measures both); math="3xtf32" puts it on the tensor cores too.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -173,7 +173,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
         torch::Tensor w_fold = torch::empty_like(conv_w);
         torch::Tensor b_fold = torch::empty({C}, fopts);
         torch::Tensor staged = torch::empty({2, C}, fopts);           // the moments' new running statistics
-        torch::Tensor mab = torch::empty({4, C}, fopts);              // the in-place path's per-channel map
+        torch::Tensor mab = torch::empty({6, C}, fopts);              // the in-place path's map and pivots
         torch::Tensor partial = torch::empty({C * slots * 3}, fopts);  // its Welford states
         kb::check_launch(
             launch_cbs_train_auto(
@@ -208,7 +208,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     kb::check_cuda(cbs_train_slots(N, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
                                    static_cast<int>(x.size(3)), static_cast<int>(C), &slots),
                    op, "sizing the grid");
-    torch::Tensor mab = torch::empty({4, C}, fopts);  // per channel: y ← ((y − m_hi) − m_lo)·a + b
+    torch::Tensor mab = torch::empty({6, C}, fopts);  // per channel: y ← ((y − m_hi) − m_lo)·a + b; pivots
     torch::Tensor partial = torch::empty({C * slots * 3}, fopts);            // Welford states (n, mean, M2)
     torch::Tensor arrivals = torch::zeros({1}, fopts.dtype(torch::kInt32));  // blocks done, counted by the kernel
     kb::check_launch(
@@ -224,15 +224,29 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     return y;
 }
 
-// Which path strategy="auto" takes for x and conv_w: "moments" or "inplace" (the guard on the GPU, then one
-// host synchronisation to read its flag: for inspection and tests; the training call itself never waits).
-std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tensor& conv_w,
-                                      const std::optional<torch::Tensor>& conv_b, const std::string& math) {
-    constexpr const char* op = "conv_bn_scale_auto_choice";
+// The guard of strategy="auto" on x, conv_w and BN's γ, β (None: 1, 0), ε and the scale, with the moments' sums in
+// the arithmetic `math` resolves to: {"choice": "moments" | "inplace", "predicted": the moments path's predicted
+// norm-wise output error, "allowed": what it is compared with, "math": the sums' arithmetic}. Runs the statistics
+// and the guard, then one host synchronisation to read them: for inspection and tests; the training call itself
+// never waits. C_in > 8: the in-place path, nothing predicted (NaN).
+static pybind11::dict run_guard(const char* op, const torch::Tensor& x, const torch::Tensor& conv_w,
+                                const std::optional<torch::Tensor>& conv_b, const std::string& math,
+                                const std::optional<torch::Tensor>& bn_w,
+                                const std::optional<torch::Tensor>& bn_b, double eps, double scale) {
     const std::vector<int64_t> shape = checked_shape(op, x, conv_w, conv_b);
     const int m = resolve_math(op, math, x);
-    if (x.size(1) > cbs_moments_max_channels()) return "inplace";
+    pybind11::dict out;
+    out["math"] = math_name(m);
+    if (x.size(1) > cbs_moments_max_channels()) {
+        out["choice"] = "inplace";
+        out["predicted"] = std::nan("");
+        out["allowed"] = std::nan("");
+        return out;
+    }
     KB_CHECK(shape[0] >= 1, op, ": x holds no samples");
+    KB_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
+    kb::check_channel_vector(bn_w, x, shape[1], op, "bn_w", "one value per output channel");
+    kb::check_channel_vector(bn_b, x, shape[1], op, "bn_b", "one value per output channel");
     const c10::cuda::CUDAGuard guard(x.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     const auto fopts = x.options();
@@ -240,20 +254,49 @@ std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tenso
     torch::Tensor w_fold = torch::empty_like(conv_w);
     torch::Tensor b_fold = torch::empty({shape[1]}, fopts);
     kb::check_launch(launch_cbs_guard_probe(x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b),
-                                            acc.data_ptr<double>(), w_fold.data_ptr<float>(),
-                                            b_fold.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
-                                            static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                                            static_cast<int>(shape[1]), m, stream),
+                                            ptr_or_null(bn_w), ptr_or_null(bn_b), acc.data_ptr<double>(),
+                                            w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), x.size(0),
+                                            static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
+                                            static_cast<int>(x.size(3)), static_cast<int>(shape[1]),
+                                            static_cast<float>(eps), static_cast<float>(scale), m, stream),
                      op);
+    const int64_t p = cbs_guard_prediction_offset();
+    const torch::Tensor pred = acc.slice(0, p, p + 2).cpu();
     const int flag = acc.slice(0, cbs_guard_offset(), cbs_guard_offset() + 1).view(torch::kInt32)[0].item<int>();
-    return flag != 0 ? "inplace" : "moments";
+    out["choice"] = flag != 0 ? "inplace" : "moments";
+    out["predicted"] = pred[0].item<double>();
+    out["allowed"] = pred[1].item<double>();
+    return out;
 }
 
-// The guard's threshold on κ for the moments' sums in FFMA ('fp32') or on the tensor cores ('3xtf32').
-double guard_kappa_max(const std::string& math) {
-    KB_CHECK(math == "fp32" || math == "3xtf32", "guard_kappa_max", ": math must be 'fp32' or '3xtf32', got '",
-             math, "'");
-    return cbs_guard_kappa_max(math == "3xtf32" ? kCbs3xTf32 : kCbsFp32);
+pybind11::dict conv_bn_scale_guard(const torch::Tensor& x, const torch::Tensor& conv_w,
+                                   const std::optional<torch::Tensor>& conv_b, const std::string& math,
+                                   const std::optional<torch::Tensor>& bn_w, const std::optional<torch::Tensor>& bn_b,
+                                   double eps, double scale) {
+    return run_guard("conv_bn_scale_guard", x, conv_w, conv_b, math, bn_w, bn_b, eps, scale);
+}
+
+// Which path strategy="auto" takes: "moments" or "inplace" (conv_bn_scale_guard's choice).
+std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tensor& conv_w,
+                                      const std::optional<torch::Tensor>& conv_b, const std::string& math,
+                                      const std::optional<torch::Tensor>& bn_w,
+                                      const std::optional<torch::Tensor>& bn_b, double eps, double scale) {
+    const pybind11::dict g = run_guard("conv_bn_scale_auto_choice", x, conv_w, conv_b, math, bn_w, bn_b, eps, scale);
+    return pybind11::cast<std::string>(g["choice"]);
+}
+
+// The guard's error model for the moments' sums in FFMA ('fp32') or on the tensor cores ('3xtf32').
+pybind11::dict guard_model(const std::string& math) {
+    KB_CHECK(math == "fp32" || math == "3xtf32", "guard_model", ": math must be 'fp32' or '3xtf32', got '", math,
+             "'");
+    double v[4];
+    cbs_guard_model(math == "3xtf32" ? kCbs3xTf32 : kCbsFp32, v);
+    pybind11::dict out;
+    out["u"] = v[0];
+    out["floor"] = v[1];
+    out["spread"] = v[2];
+    out["allowance"] = v[3];
+    return out;
 }
 
 // The arithmetic math='auto' (or the given math) picks for x on its GPU: 'fp32' or '3xtf32'.
@@ -288,14 +331,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "'3xtf32' (tensor cores; math='auto' picks it where dense TF32 runs at least 3.5x FP32, tc_rates.h, and "
           "C_in <= 8)",
           arg("x"), arg("math") = "auto");
+    m.def("conv_bn_scale_guard", &conv_bn_scale_guard,
+          "The guard of strategy='auto' on this batch, filter and BatchNorm: {'choice', 'predicted' (the moments "
+          "path's predicted norm-wise output error), 'allowed' (the float32 allowance it is compared with), 'math' "
+          "(the moments' sums' arithmetic)} (synchronises: for inspection)",
+          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none(), arg("math") = "auto",
+          arg("bn_w") = pybind11::none(), arg("bn_b") = pybind11::none(), arg("eps") = 1e-5, arg("scale") = 1.0);
     m.def("conv_bn_scale_auto_choice", &conv_bn_scale_auto_choice,
-          "The path strategy='auto' takes for this batch and filter: 'moments', or 'inplace' when u*kappa of some "
-          "output channel exceeds the guard's tolerance, with the moments' sums in the arithmetic `math` resolves "
-          "to (synchronises: for inspection)",
-          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none(), arg("math") = "auto");
-    m.def("guard_kappa_max", &guard_kappa_max,
-          "The guard's threshold for the moments' sums in `math` ('fp32' or '3xtf32'): strategy='auto' takes the "
-          "in-place path when kappa of some channel exceeds it",
+          "The path strategy='auto' takes for this batch and filter: 'moments', or 'inplace' when the moments' "
+          "predicted output error exceeds the float32 allowance (conv_bn_scale_guard; synchronises: for inspection)",
+          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none(), arg("math") = "auto",
+          arg("bn_w") = pybind11::none(), arg("bn_b") = pybind11::none(), arg("eps") = 1e-5, arg("scale") = 1.0);
+    m.def("guard_model", &guard_model,
+          "The guard's error model for the moments' sums in `math` ('fp32' or '3xtf32'): {'u', 'floor', 'spread', "
+          "'allowance'}; the variance of a channel errs by about u*sqrt(floor^2 + (spread*rho)^2), and the moments "
+          "are taken while the predicted output error is at most allowance*u*sqrt(C_in*9)",
           arg("math"));
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");

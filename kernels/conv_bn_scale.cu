@@ -7,7 +7,8 @@
 //   eval  (kStats = false): y = conv(x, W') + b' with W', b' folded from the eval-mode BN and s
 //                           (kernelbook/folding.py): the whole of eval-mode P73 in one launch.
 //   train (kStats = true):  y = conv(x, W) + b is written once, and the epilogue also summarises each
-//                           output channel as a Welford state (count, mean, M2): per thread across its
+//                           output channel, less a per-channel pivot near its mean (pivots_kernel), as a
+//                           Welford state (count, mean, M2): per thread across its
 //                           tiles (Chan's merge, one count shared by all its channels), across the warp by
 //                           shuffles, one partial state per (block, warp row) in global memory; the last
 //                           block to finish merges them in double, writes the per-channel map
@@ -94,7 +95,8 @@ struct Shape {
 struct Stats {
     kb::Welford<float>* partial;   // [C_out][slots], slot = block·WROWS + warp row
     unsigned* arrivals;            // one counter, zeroed by the caller
-    float* mab;                    // [4·C_out]: m_hi, m_lo, a, b of y ← ((y − m_hi) − m_lo)·a + b
+    float* mab;                    // [6·C_out]: m_hi, m_lo, a, b of y ← ((y − m_hi) − m_lo)·a + b, then
+                                   // the pivots (pivots_kernel), which the states are summed about
     const float* gamma;            // or null (γ = 1)
     const float* beta;             // or null (β = 0)
     float* running_mean;           // or null (no running statistics)
@@ -104,6 +106,10 @@ struct Stats {
     float eps, scale;
     const unsigned* guard;         // "auto": run only when *guard == run_if (conv_moments.cuh); null: always run
     unsigned run_if;
+    bool y_less_pivot;             // y holds the outputs less their channel's pivot (the FFMA convolution)
+    const float* bias;             // the convolution's bias, or null
+    float* pivots;                 // [2·C_out] (in mab's last rows): start = −(the filter on the input's pivots),
+                                   // then the pivots P = b − start, rounded (pivots_kernel)
 };
 
 struct Tile {
@@ -222,6 +228,63 @@ __device__ __forceinline__ void compute(float (&acc)[RPT][CO_T][2 * PAIRS], cons
 }
 // end excerpt: compute
 
+// Input channel ch's median over the moments' 4×4 grid of sample 0 (the mean of the 8th and 9th of the 16 values):
+// near the bulk of the channel's values even when up to 7 of the 16 are outliers (one far-off pixel at a grid point
+// moves the moments' mean of the 16, cbm::pivot, by a sixteenth of its size, and this not at all).
+__device__ __forceinline__ float median_pivot(const float* __restrict__ x, int H, int W, int ch) {
+    const float* plane = x + static_cast<int64_t>(ch) * H * W;
+    float v[16];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            v[4 * i + j] = __ldg(plane + static_cast<int64_t>(i * (H - 1) / 3) * W + j * (W - 1) / 3);
+#pragma unroll
+    for (int pass = 0; pass < 16; ++pass)  // odd–even transposition sort: 16 passes sort 16 values
+#pragma unroll
+        for (int k = pass & 1; k + 1 < 16; k += 2) {
+            const float lo = fminf(v[k], v[k + 1]), hi = fmaxf(v[k], v[k + 1]);
+            v[k] = lo;
+            v[k + 1] = hi;
+        }
+    return 0.5f * (v[7] + v[8]);
+}
+
+// The in-place statistics' pivots, before the convolution: channel co's is P_co = b_co + Σ_i p_i·Σ_taps w[co, i, tap],
+// the filter applied to the input channels' medians p_i (median_pivot) — near the channel's mean wherever each
+// input channel's mean is near its median. Welford's mean drifts by about u·|mean − pivot|, not u·|mean|, so a
+// channel whose mean dwarfs its spread keeps its digits.
+// st.pivots[co] = start_co = −Σ_i p_i·Σ_taps w[co, i, tap]: the FFMA convolution's accumulators start there (the
+// training launch passes it in the bias's place), so they hold y − P, the filter applied to the pivot-shifted input,
+// at no cost in registers; st.pivots[C_out + co] = P_co rounded, what the statistics pass of the tensor-core path
+// subtracts and what the running mean adds back. A warp per channel. With a guard, only when *guard == run_if.
+constexpr int P_THREADS = 256;
+
+__global__ void __launch_bounds__(P_THREADS) pivots_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                                           Shape s, Stats st) {
+    if (st.guard != nullptr && *st.guard != st.run_if) return;
+    const int co = blockIdx.x * (P_THREADS / 32) + threadIdx.x / 32;
+    if (co >= s.C_out) return;  // warp-uniform
+    float q = 0.f;
+    for (int i = threadIdx.x & 31; i < s.C_in; i += 32) {
+        const float* wi = w + (static_cast<int64_t>(co) * s.C_in + i) * K3 * K3;
+        float taps = 0.f;
+#pragma unroll
+        for (int k = 0; k < K3 * K3; ++k) taps += __ldg(wi + k);
+        q = fmaf(median_pivot(x, s.H, s.W, i), taps, q);
+    }
+    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    if ((threadIdx.x & 31) == 0) {
+        st.pivots[co] = -q;
+        st.pivots[s.C_out + co] = (st.bias != nullptr ? __ldg(st.bias + co) : 0.0f) + q;  // P, rounded
+    }
+}
+
+// Channel c's pivot P_c as a float: what the tensor-core path's statistics pass subtracts, and what the running mean
+// adds back on either path (the FFMA path's own b − start differs by at most u·|P|/2, below the running mean's
+// float32 rounding).
+__device__ __forceinline__ float pivot_f32(const Stats& st, int C_out, int c) { return __ldcg(st.pivots + C_out + c); }
+
 // One thread's running statistics: a Welford state per channel, all with the same count n (a register).
 // The (mean, M2) pairs live in shared memory, [channel][thread] as float2 (consecutive threads, consecutive
 // 8-byte words: no bank conflicts), because 2·CO_T more registers would make the kernel spill.
@@ -230,8 +293,9 @@ struct ThreadStats {
     float2* mm;  // &stat_s[0][threadIdx.x]; channel c at mm[c * blockDim.x]
 };
 
-// Merge this tile's valid outputs into the thread's states (Chan's formula; the count and the merge weights
-// are shared by all CO_T channels). Invalid positions (past the right or bottom edge) are masked out.
+// Merge this tile's valid outputs into the thread's states (Chan's formula; the count and the merge weights are
+// shared by all CO_T channels) as acc holds them in training mode: less each channel's pivot. Invalid positions
+// (past the right or bottom edge) are masked out.
 __device__ __forceinline__ void accumulate_stats(ThreadStats& ts, const float (&acc)[RPT][CO_T][2 * PAIRS],
                                                  const Shape& s, int oh_first, int col0) {
     float mask[RPT][2 * PAIRS];
@@ -291,20 +355,29 @@ __device__ __forceinline__ void flush_stats(ThreadStats& ts, const Stats& st, co
     ts.n = 0.0f;
 }
 
-// The last block: merge each channel's partial states in double, write m, a, b and update the running stats.
+// The last block: merge each channel's partial states (about its pivot q) in double; update the running statistics
+// with the outputs' mean, m + q, and write the map (m, a, b) for the values y holds: less q when the FFMA
+// convolution wrote them (st.y_less_pivot), the outputs themselves otherwise.
 __device__ void finish_stats(const Stats& st, const Shape& s, int slots) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     for (int c = warp; c < s.C_out; c += n_warps) {
+        const double q = pivot_f32(st, s.C_out, c);  // the states are about the pivot: their means, plus q
         kb::Welford<double> tot{0.0, 0.0, 0.0};
         for (int i = lane; i < slots; i += 32) {
-            const kb::Welford<float>* q = st.partial + static_cast<int64_t>(c) * slots + i;
-            const kb::Welford<double> b{__ldcg(&q->n), __ldcg(&q->mean), __ldcg(&q->m2)};
+            const kb::Welford<float>* p = st.partial + static_cast<int64_t>(c) * slots + i;
+            const kb::Welford<double> b{__ldcg(&p->n), __ldcg(&p->mean) + q, __ldcg(&p->m2)};
             kb::welford_merge(tot, b);
         }
         tot = kb::welford_warp_reduce(tot);
         if (lane != 0) continue;
         kb::bn_finish_channel(tot, c, s.C_out, st.mab, st.gamma, st.beta, st.running_mean, st.running_var,
                               st.num_batches_tracked, st.momentum, st.eps, st.scale);  // bn_stats.cuh
+        if (st.y_less_pivot) {  // y holds the outputs less the pivot: so does the map's mean
+            const double m = tot.mean - q;
+            const float m_hi = static_cast<float>(m);
+            st.mab[c] = m_hi;
+            st.mab[s.C_out + c] = static_cast<float>(m - static_cast<double>(m_hi));
+        }
     }
 }
 
@@ -504,7 +577,8 @@ constexpr int kUnroll = kb::kBnUnroll;
 using kb::normalise;
 using kb::Vec;
 
-// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map mab [4·C] (bn_stats.cuh).
+// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map, mab's first 4·C floats
+// (bn_stats.cuh).
 struct Apply {
     float* y;
     const float* mab;
@@ -645,12 +719,13 @@ __global__ void __launch_bounds__(S_THREADS) channel_stats_kernel(const float* _
     const int c = blockIdx.x / parts, part = blockIdx.x % parts;
     const int64_t hw = static_cast<int64_t>(s.HO) * s.WO, total = s.N * hw;
     const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
+    const float piv = pivot_f32(st, s.C_out, c);  // statistics about the channel's pivot
     kb::Welford<float> w{0.f, 0.f, 0.f};
     for (int64_t n = begin / hw; n * hw < end; ++n) {  // the planes this part touches, each a contiguous range
         const float* plane = y + (n * s.C_out + c) * hw;
         const int64_t lo = begin > n * hw ? begin - n * hw : 0, hi = end < (n + 1) * hw ? end - n * hw : hw;
         for (int64_t q = lo + threadIdx.x; q < hi; q += S_THREADS) {
-            const float v = plane[q];
+            const float v = plane[q] - piv;
             w.n += 1.f;
             const float d = v - w.mean;
             w.mean += __fdividef(d, w.n);  // an IEEE division per value made the pass compute-bound (3×)
@@ -674,8 +749,11 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
     const Apply p{y, mab, num_batches_tracked, N, C_out, HW};  // the in-place apply's parameters
     Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
-             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
-    cudaError_t err;
+             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u, math == kCbsFp32, b, mab + 4 * C_out};
+    constexpr int per_block = P_THREADS / 32;  // channels per pivots_kernel block
+    pivots_kernel<<<static_cast<unsigned>((C_out + per_block - 1) / per_block), P_THREADS, 0, stream>>>(x, w, s, st);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
     if (math == kCbs3xTf32) {
         err = cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 1u, stream);
         if (err != cudaSuccess) return err;
@@ -685,7 +763,8 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
                                                                                             static_cast<int>(parts));
         err = cudaGetLastError();
     } else if (math == kCbsFp32) {
-        err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
+        // the accumulators start at −(the filter on the pivots), in the bias's place: y − P is written
+        err = launch<true>(x, w, st.pivots, y, s, st, static_cast<int>(slots / WROWS), stream);
     } else {
         return cudaErrorInvalidValue;
     }
@@ -694,10 +773,9 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
 }
 
 // The moments' statistics and fold (conv_moments.cuh): four kernels, no convolution. acc: the workspace. The
-// main sums by FFMA, or on the tensor cores (math 3xTF32); the guard's u follows, from measurement: on 2,283
-// output channels of P73's data, natural images and outlying pivots (κ about the pivot ≥ 10), var_c erred at most
-// 0.95u·κ_c by FFMA and 0.49u·κ_c on the tensor cores — their products err more than FFMA's exact ones, but they
-// join in float32 every eight and in double every tile. U_TF32 = 2u keeps a factor of 4 over what was measured.
+// main sums by FFMA, or on the tensor cores (math 3xTF32), with the guard's error model for that arithmetic
+// (cbm::GuardModel, measured: the tensor cores' products err more than FFMA's exact ones, but they join in float32
+// every eight and in double every tile, so their spread is at most twice FFMA's and their floor a few u).
 cudaError_t moments_fold(const float* x, double* acc, cbm::Finalize f, int64_t N, int C_in, int H, int W, int math,
                          cudaStream_t stream) {
     // cbm:: names spelled out: namespace cbs has its own THREADS, K3 and smem_bytes<bool> (the convolution's),
@@ -749,7 +827,7 @@ cudaError_t moments_fold(const float* x, double* acc, cbm::Finalize f, int64_t N
     const int grid = static_cast<int>(s.tiles < blocks ? s.tiles : blocks);
     if (tc) {
         moments_tc_kernel<<<grid, cbm::T_THREADS, cbm::T_SMEM, stream>>>(x, s, acc);
-        f.u = cbm::U_TF32;
+        f.model = cbm::GUARD_TF32;
     } else if (band == 16) {
         moments_main_kernel<16><<<grid, cbm::THREADS, cbm::smem_bytes<16>(), stream>>>(x, s, acc);
     } else {
@@ -775,7 +853,7 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
 
 // Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
 // kernel, which also counts the batch); the convolution by FFMA or on the tensor cores (math). Workspaces:
-// partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
+// partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [6·C_out], arrivals [1] zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
@@ -788,13 +866,19 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                               slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, math, stream);
 }
 
-// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles), and the
-// guard's threshold on κ (u·κ > GUARD_TOL sends "auto" to the in-place path).
+// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles); the
+// guard's flag and its prediction in the workspace, and its model for the sums' arithmetic: {u, floor, spread,
+// allowance factor} (the allowance for C_in input channels is factor·u·√(C_in·9)).
 int cbs_moments_max_channels() { return cbm::CI_MAX; }
 int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
 int64_t cbs_guard_offset() { return cbm::GUARD_OFFSET; }
-double cbs_guard_kappa_max(int math) {
-    return cbm::GUARD_TOL / (math == kCbs3xTf32 ? cbm::U_TF32 : cbm::U32);
+int64_t cbs_guard_prediction_offset() { return cbm::RISK_OFFSET + cbm::RISK_PREDICTED; }
+void cbs_guard_model(int math, double* out) {
+    const cbm::GuardModel m = math == kCbs3xTf32 ? cbm::GUARD_TF32 : cbm::GUARD_FFMA;
+    out[0] = cbm::U32;
+    out[1] = m.floor;
+    out[2] = m.spread;
+    out[3] = cbm::GUARD_ALLOWANCE;
 }
 
 // Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
@@ -807,7 +891,7 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      float scale, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          nullptr, nullptr, C_out, momentum, eps, scale};
+                          nullptr, nullptr, nullptr, C_out, momentum, eps, scale};
     const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, math, stream);
@@ -831,7 +915,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     // excerpt: auto
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
+                          guard, acc + cbm::RISK_OFFSET, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
     cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     if (running_mean) {
@@ -847,14 +931,15 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     // end excerpt: auto
 }
 
-// The guard alone, for inspection: the moments' statistics with the guard on x and w (nothing else written but
-// the workspaces); the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
-cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
-                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out, int math,
-                                   cudaStream_t stream) {
+// The guard alone, for inspection: the moments' statistics with the guard on x, w and BN's γ, β, ε and the scale
+// (nothing else written but the workspaces); once the stream has run, the flag is acc[cbs_guard_offset()]'s first
+// 32-bit word and the predicted error and its allowance are acc[cbs_guard_prediction_offset()] and the next double.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
+                                   const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
+                                   int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);
-    const cbm::Finalize f{w, b, nullptr, nullptr, nullptr, nullptr, nullptr, w_fold, b_fold, guard, nullptr,
-                          C_out, -1.f, 0.f, 1.f};
+    const cbm::Finalize f{w, b, gamma, beta, nullptr, nullptr, nullptr, w_fold, b_fold, guard, acc + cbm::RISK_OFFSET,
+                          nullptr, C_out, -1.f, eps, scale};
     return cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
 }

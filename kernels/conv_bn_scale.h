@@ -19,8 +19,8 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
                             int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
-// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [4·C_out], arrivals [1]
-// zeroed.
+// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [6·C_out] (the map and the
+// channels' pivots), arrivals [1] zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
@@ -46,11 +46,12 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int H, int W, int C_out, float momentum, float eps, float scale, int math,
                                   int inplace_math, cudaStream_t stream);
 
-// The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
-// 32-bit word once the stream has run.
-cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
-                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out, int math,
-                                   cudaStream_t stream);
+// The guard alone, with the moments' sums in the given arithmetic, for BN's γ, β (null: 1, 0), ε and the scale:
+// once the stream has run, the flag is acc[cbs_guard_offset()]'s first 32-bit word, and the predicted output error
+// and the allowance it was compared with are acc[cbs_guard_prediction_offset()] and the double after it.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
+                                   const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
+                                   int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream);
 
 // The most input channels the 3xTF32 convolution takes (8: one mma k-step per filter tap).
 int cbs_tf32_max_channels();
@@ -64,9 +65,12 @@ int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
 cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
 // The compile-time configuration: RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes (eval, train).
 void cbs_config(int* out);
-// The moments strategy's limits: input channels, workspace doubles, the guard flag's offset in it, and the
-// guard's threshold on κ for the sums' arithmetic (GUARD_TOL / u: 16× lower on the tensor cores).
+// The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
+// prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:
+// "auto" takes the moments while ½·u·√(Σ_c (γ_c s)²·(floor² + spread²·ρ_c²)/Σ_c (γ_c s)²) ≤ factor·u·√(C_in·9)
+// (conv_moments.cuh says what ρ_c is and where ε enters).
 int cbs_moments_max_channels();
 int64_t cbs_moments_workspace();
 int64_t cbs_guard_offset();
-double cbs_guard_kappa_max(int math);
+int64_t cbs_guard_prediction_offset();
+void cbs_guard_model(int math, double* out);

@@ -44,7 +44,8 @@ CUDA_SRC = r'''
 //   eval  (kStats = false): y = conv(x, W') + b' with W', b' folded from the eval-mode BN and s
 //                           (kernelbook/folding.py): the whole of eval-mode P73 in one launch.
 //   train (kStats = true):  y = conv(x, W) + b is written once, and the epilogue also summarises each
-//                           output channel as a Welford state (count, mean, M2): per thread across its
+//                           output channel, less a per-channel pivot near its mean (pivots_kernel), as a
+//                           Welford state (count, mean, M2): per thread across its
 //                           tiles (Chan's merge, one count shared by all its channels), across the warp by
 //                           shuffles, one partial state per (block, warp row) in global memory; the last
 //                           block to finish merges them in double, writes the per-channel map
@@ -317,8 +318,8 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
                             int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
-// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [4·C_out], arrivals [1]
-// zeroed.
+// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [6·C_out] (the map and the
+// channels' pivots), arrivals [1] zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
@@ -344,11 +345,12 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int H, int W, int C_out, float momentum, float eps, float scale, int math,
                                   int inplace_math, cudaStream_t stream);
 
-// The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
-// 32-bit word once the stream has run.
-cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
-                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out, int math,
-                                   cudaStream_t stream);
+// The guard alone, with the moments' sums in the given arithmetic, for BN's γ, β (null: 1, 0), ε and the scale:
+// once the stream has run, the flag is acc[cbs_guard_offset()]'s first 32-bit word, and the predicted output error
+// and the allowance it was compared with are acc[cbs_guard_prediction_offset()] and the double after it.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
+                                   const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
+                                   int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream);
 
 // The most input channels the 3xTF32 convolution takes (8: one mma k-step per filter tap).
 int cbs_tf32_max_channels();
@@ -362,12 +364,15 @@ int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
 cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
 // The compile-time configuration: RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes (eval, train).
 void cbs_config(int* out);
-// The moments strategy's limits: input channels, workspace doubles, the guard flag's offset in it, and the
-// guard's threshold on κ for the sums' arithmetic (GUARD_TOL / u: 16× lower on the tensor cores).
+// The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
+// prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:
+// "auto" takes the moments while ½·u·√(Σ_c (γ_c s)²·(floor² + spread²·ρ_c²)/Σ_c (γ_c s)²) ≤ factor·u·√(C_in·9)
+// (conv_moments.cuh says what ρ_c is and where ε enters).
 int cbs_moments_max_channels();
 int64_t cbs_moments_workspace();
 int64_t cbs_guard_offset();
-double cbs_guard_kappa_max(int math);
+int64_t cbs_guard_prediction_offset();
+void cbs_guard_model(int math, double* out);
 // ---- end conv_bn_scale.h ----
 // ---- begin conv_moments.cuh (inlined by scripts/make_solutions.py) ----
 // conv_moments.cuh — training-mode BatchNorm statistics of a 3×3 convolution's output, from the input's moments.
@@ -394,21 +399,29 @@ double cbs_guard_kappa_max(int math);
 //
 // Numerics (chapter 5): the covariance is invariant to shifting each input channel, so every value is read as
 // x − p_i (a per-channel pivot: the mean of 16 values of channel i on a 4×4 grid over the first sample, so one
-// outlying pixel moves it by a sixteenth of its size) before it is multiplied; the first moments use a constant channel 1
-// (index CI_MAX) on the same machinery. Products are summed in fp32 over one tile (≤ 16·8 per lane, then 16
-// lanes; on the tensor cores 8 per mma, 32 rows per lane, then 8 warps), and the tiles' sums in double. What
-// this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is nearly orthogonal to the input's variation (a
-// difference filter on smooth inputs); then the in-place strategy, which reduces the output itself, is the safe
-// one.
+// outlying pixel moves it by a sixteenth of its size) before it is multiplied; the first moments use a constant
+// channel 1 (index CI_MAX) on the same machinery. Products are summed in fp32 over one tile (≤ 16·8 per lane,
+// then 16 lanes; on the tensor cores 8 per mma, 32 rows per lane, then 8 warps), and the tiles' sums in double.
+// What this cannot avoid: var_c = w_cᵀΣw_c cancels when the filter is nearly orthogonal to the input's
+// variation (a difference filter on smooth inputs); then the in-place strategy, which reduces the output
+// itself, is the safe one.
 //
-// The guard (strategy "auto"): the sums are of pivot-shifted values, so each entry of Σ errs relative to the
-// pivot-shifted second moment S = Σ + m·mᵀ (m = the patch mean of x − p), and the relative error of var_c grows
-// as u·κ_c with κ_c = |w_c|ᵀ|S||w_c| / w_cᵀΣw_c (κ_c ≥ 1; large when w_c cancels against the input's
-// correlations, or when the pivot sits far from the mean: S is Σ only when m = 0). The fold kernel already holds
-// Σ, m and w_c, so it computes κ_c too, and when u·κ_c > GUARD_TOL for any channel it sets a flag in device memory. The
-// launches that follow read the flag and each exits at once unless it selects it: either the running
-// statistics staged by the fold are committed and the folded convolution writes the output (moments), or the
-// in-place strategy runs. No host synchronisation; the running statistics are updated by exactly one path.
+// The guard (strategy "auto") predicts the moments path's output error and compares it with the float32
+// library's. The sums are of pivot-shifted values, so each entry of Σ errs relative to the second moment about
+// the pivot, S = Σ + m·mᵀ (m = the patch mean of x − p). If every entry erred by u in the same direction, var_c
+// would err by u·κ_c, κ_c = |w_c|ᵀ|S||w_c| / w_cᵀΣw_c (the bound); the roundings of different sums are
+// independent, and the error measured on the GPU follows their root-sum-square,
+//     rel. error of var_c ≈ u·√(a² + (c·ρ_c)²),   ρ_c = ‖(w_c w_cᵀ) ∘ S‖_F / w_cᵀΣw_c  (ρ_c ≤ κ_c),
+// a the sums' floor and c their spread (GuardModel: measured, see moments_fold). A relative error δ_c of var_c
+// scales channel c's normalised output by δ_c/2, and the channel weighs in ‖y‖² as (γ_c·s)², so the predicted
+// norm-wise error is E = ½·u·√(Σ_c (γ_c s)²·r_c³·(a² + c²ρ_c²) / Σ_c ((γ_c s)²·r_c + (β_c s)²)), r_c the
+// share var_c / (var_c + ε) (ε damps the error). The library's own error on a K-term dot product is about
+// u·√K (K = C_in·9); "float32-accurate" allows twice it, and the folded convolution spends about one of the
+// two in quadrature, so the moments are taken while E ≤ √3·u·√K. The fold kernel already holds Σ, m and w_c:
+// each block adds its channel's terms in double, the last block to arrive compares and sets a flag in device
+// memory. The launches that follow read the flag and each exits at once unless it selects it: either the
+// running statistics staged by the fold are committed and the folded convolution writes the output (moments),
+// or the in-place strategy runs. No host synchronisation; the running statistics are updated by exactly one path.
 
 #include <cuda_runtime.h>
 
@@ -490,7 +503,20 @@ constexpr int SLOTS = 25;                      // per combo: image total, 4 bord
 constexpr int ACC_DOUBLES = COMBOS * SLOTS;    // 27,000 doubles (216 KB) of workspace
 constexpr int KMAX = CI_MAX * K3 * K3;         // 72 patch values
 constexpr double U32 = 5.9604644775390625e-8;  // u = 2^-24, the unit roundoff of float32
-constexpr double GUARD_TOL = 1e-5;             // "auto" takes the in-place path when u·κ_c > GUARD_TOL
+// The guard's model of the moments' variance error, rel. error ≈ u·√(floor² + (spread·ρ_c)²) per channel: the
+// smallest floor and spread that cover the rms over channels in each of 40 cases measured on an H200 (P73's data,
+// natural images with classic and random filters, smooth fields, outlying pivots: 2,560 channels per
+// arithmetic). Per channel the error scatters about this rms; the guard uses it only summed over channels.
+struct GuardModel {
+    double floor, spread;
+};
+constexpr GuardModel GUARD_FFMA{2.0, 1.25};  // FFMA sums: floor 0.53u measured (cases of ρ ≤ 1), spread ≤ 1.19
+constexpr GuardModel GUARD_TF32{4.0, 2.0};   // 3xTF32 sums: floor 3.1u measured, spread ≤ 1.98
+// The float32 library's error is taken as u·√K for its K = C_in·9-term dot products (the probabilistic estimate
+// of their rounding): on P73's shape it measured 0.65–1.2× that (eager PyTorch, TF32 off, 12 input/filter
+// pairs at the benchmark's batch). "Float32-accurate" allows twice the library's error; our folded convolution
+// errs about as the library's does and adds in quadrature, so the statistics may add √(2² − 1) = √3 times it.
+constexpr double GUARD_ALLOWANCE = 1.7320508075688772;
 
 // Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, group of JG partner channels
 // j) is half a warp, each lane a strip of STRIP columns; 16 items = 256 threads. A lane walks the partner rows ρ
@@ -526,15 +552,17 @@ struct MShape {
 
 // Channel ch's pivot: the mean of its 16 values on a 4×4 grid over sample 0, summed in one fixed order, so every
 // kernel that reads it gets the same float.
-__device__ __forceinline__ float pivot(const float* __restrict__ x, const MShape& s, int ch) {
-    const float* plane = x + static_cast<int64_t>(ch) * s.H * s.W;
+__device__ __forceinline__ float pivot(const float* __restrict__ x, int H, int W, int ch) {
+    const float* plane = x + static_cast<int64_t>(ch) * H * W;
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-            sum += __ldg(plane + static_cast<int64_t>(i * (s.H - 1) / 3) * s.W + j * (s.W - 1) / 3);
+        for (int j = 0; j < 4; ++j) sum += __ldg(plane + static_cast<int64_t>(i * (H - 1) / 3) * W + j * (W - 1) / 3);
     return sum * 0.0625f;
+}
+__device__ __forceinline__ float pivot(const float* __restrict__ x, const MShape& s, int ch) {
+    return pivot(x, s.H, s.W, ch);
 }
 
 __device__ __forceinline__ bool inside(const MShape& s, int r, int c) { return r >= 0 && r < s.H && c >= 0 && c < s.W; }
@@ -697,7 +725,6 @@ constexpr int T_MIN_BLOCKS = 2;  // 2 blocks per SM: 128 registers (1 block at 1
 constexpr int T_WARPS = 8, T_THREADS = 32 * T_WARPS;
 constexpr int T_CHUNKS = TCOLS / 8 / T_WARPS;   // 2 chunks of 8 columns per warp
 constexpr int T_SMEM = CI_MAX * T_CSTRIDE * 4;  // 78,976 B
-constexpr double U_TF32 = 2 * U32;              // the guard's u for these sums (see moments_fold)
 static_assert(T_CSTRIDE % 32 == 4 && T_CSTRIDE % 4 == 0 && T_CSTRIDE >= T_SROWS * T_PITCH, "banks, float4 rows");
 static_assert(T_WARPS * 32 * 4 * T_MT + CI_MAX <= CI_MAX * T_CSTRIDE, "the warps' sums fit the staging buffer");
 static_assert(T_WARPS == CI_MAX, "the first moments: one warp per input channel");
@@ -952,21 +979,29 @@ struct Finalize {
     int64_t* num_batches_tracked;
     float* w_fold;         // out: (C_out, C, 3, 3)
     float* b_fold;         // out: (C_out)
-    unsigned* guard;       // "auto": [0] set to 1 when some u·κ_c > GUARD_TOL; null: no guard
+    unsigned* guard;       // "auto": [0] set to 1 when the predicted error exceeds the allowance; null: no guard
+    double* risk;          // "auto": the workspace's RISK_SLOTS doubles (the prediction); null with guard null
     float* staged;         // "auto": [2·C_out] new running mean, var (moments_commit_kernel); null: in place
     int C_out;
     float momentum;        // < 0: None (cumulative average)
     float eps, scale;
-    double u = U32;        // the sums' unit roundoff in the guard's model (U_TF32 for moments_tc_kernel's)
+    GuardModel model = GUARD_FFMA;  // the sums' error model (GUARD_TF32 for moments_tc_kernel's)
 };
 
 // Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX), the running-average
-// weight (1), and the guard's two counters (one double: the flag, then the in-place path's block arrivals).
+// weight (1), the guard's two counters (one double: the flag, then the in-place path's block arrivals), and the
+// guard's prediction (RISK_*: its two sums over channels, the fold's block arrivals, the predicted error and the
+// allowance it was compared with).
 constexpr int COV_OFFSET = ACC_DOUBLES;
 constexpr int MEAN_OFFSET = COV_OFFSET + KMAX * KMAX;
 constexpr int FACTOR_OFFSET = MEAN_OFFSET + KMAX;
 constexpr int GUARD_OFFSET = FACTOR_OFFSET + 1;
-constexpr int WORKSPACE_DOUBLES = GUARD_OFFSET + 1;
+constexpr int RISK_OFFSET = GUARD_OFFSET + 1;
+constexpr int RISK_NUM = 0, RISK_DEN = 1, RISK_ARRIVALS = 2, RISK_PREDICTED = 3, RISK_ALLOWED = 4, RISK_SLOTS = 5;
+constexpr int WORKSPACE_DOUBLES = RISK_OFFSET + RISK_SLOTS;
+
+// The allowance the guard compares its predicted output error with, for K = C_in·9 (see GuardModel).
+__host__ __device__ __forceinline__ double guard_allowance(int K) { return GUARD_ALLOWANCE * U32 * sqrt(double(K)); }
 
 __device__ __forceinline__ double patch_mean(const double* __restrict__ acc, int u, double M) {
     return window_sum(acc, combo(u / 9, CI_MAX, 0, 2), u % 9 / 3, u % 3) / M;
@@ -990,9 +1025,34 @@ __global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __re
         ws[MEAN_OFFSET + u] = mu;
         if (u == 0) {
             ws[FACTOR_OFFSET] = kb::bn_running_weight(f.momentum, f.num_batches_tracked);
-            if (f.guard) { f.guard[0] = 0u; f.guard[1] = 0u; }
+            if (f.guard) {
+                f.guard[0] = 0u;
+                f.guard[1] = 0u;
+                for (int k = 0; k < RISK_SLOTS; ++k) ws[RISK_OFFSET + k] = 0.0;
+            }
         }
     }
+}
+
+// The guard's part of fold block c (one thread): channel c's terms of the predicted error E (the header's formula;
+// ρ_c² = frob / var², written without dividing by var, which is 0 for a constant channel), added in double; the
+// last block to arrive compares E with the allowance and sets the flag (NaN sets it too). E and the allowance stay
+// in the workspace for inspection.
+__device__ __forceinline__ void guard_channel(const Finalize& f, int K, int c, double var, double frob) {
+    const double g = (f.gamma ? f.gamma[c] : 1.0) * f.scale, gg = g * g;
+    const double be = (f.beta ? f.beta[c] : 0.0) * f.scale;
+    const double ve = var + f.eps, r = ve > 0.0 ? var / ve : 0.0, fl = f.model.floor, sp = f.model.spread;
+    const double num = ve > 0.0 ? gg * (fl * fl * r * r * r + sp * sp * frob * var / (ve * ve * ve)) : 0.0;
+    atomicAdd(f.risk + RISK_NUM, num);
+    atomicAdd(f.risk + RISK_DEN, gg * r + be * be);
+    __threadfence();  // the terms before the arrival
+    if (atomicAdd(reinterpret_cast<unsigned*>(f.risk + RISK_ARRIVALS), 1u) != gridDim.x - 1) return;
+    __threadfence();
+    const double n = atomicAdd(f.risk + RISK_NUM, 0.0), d = atomicAdd(f.risk + RISK_DEN, 0.0);
+    const double e = d > 0.0 ? 0.5 * U32 * sqrt(n / d) : 0.0, allowed = guard_allowance(K);
+    f.risk[RISK_PREDICTED] = e;
+    f.risk[RISK_ALLOWED] = allowed;
+    if (!(e <= allowed)) *f.guard = 1u;
 }
 
 // Block c: mean_c = w_c·(m + pivot) + bias_c and var_c = w_cᵀΣw_c in double; the running statistics; the folded
@@ -1014,34 +1074,34 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     for (int e = threadIdx.x; e < K * K; e += F_THREADS) cov[e] = ws[COV_OFFSET + e];
     __syncthreads();
     // excerpt: guard
-    double var = 0.0, mu = 0.0, absq = 0.0;  // w_cᵀΣw_c, the mean, |w_c|ᵀ|S||w_c| with S = Σ + m·mᵀ
+    double var = 0.0, mu = 0.0, frob = 0.0;  // w_cᵀΣw_c, the mean, ‖(w_c w_cᵀ) ∘ S‖_F² with S = Σ + m·mᵀ
     for (int v = threadIdx.x; v < K; v += F_THREADS) {  // thread v: w_v · Σ_u w_u Σ[u, v]
-        double part = 0.0, apart = 0.0;
+        double part = 0.0, fpart = 0.0;
         for (int u = 0; u < K; ++u) {
             part = fma(wc[u], cov[u * K + v], part);
-            apart = fma(fabs(wc[u]), fabs(fma(mp[u], mp[v], cov[u * K + v])), apart);
+            const double ws_uv = wc[u] * fma(mp[u], mp[v], cov[u * K + v]);  // w_u·S[u, v]
+            fpart = fma(ws_uv, ws_uv, fpart);
         }
         var = fma(wc[v], part, var);
-        absq = fma(fabs(wc[v]), apart, absq);
+        frob = fma(wc[v] * wc[v], fpart, frob);
         mu = fma(wc[v], mp[v] + pivot(x, s, v / 9), mu);  // E[x] = E[x − pivot] + pivot
     }
     for (int o = 16; o > 0; o >>= 1) {
         var += __shfl_xor_sync(0xffffffffu, var, o);
         mu += __shfl_xor_sync(0xffffffffu, mu, o);
-        absq += __shfl_xor_sync(0xffffffffu, absq, o);
+        frob += __shfl_xor_sync(0xffffffffu, frob, o);
     }
     if (threadIdx.x % 32 == 0) {
         red[0][threadIdx.x / 32] = var;
         red[1][threadIdx.x / 32] = mu;
-        red[2][threadIdx.x / 32] = absq;
+        red[2][threadIdx.x / 32] = frob;
     }
     __syncthreads();
-    var = 0.0; mu = 0.0; absq = 0.0;
+    var = 0.0; mu = 0.0; frob = 0.0;
 #pragma unroll
-    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; absq += red[2][k]; }
+    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; frob += red[2][k]; }
     var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
-    // u·κ_c > GUARD_TOL without dividing (var may be 0): any such channel sends this call to the in-place path.
-    if (f.guard && threadIdx.x == 0 && f.u * absq > GUARD_TOL * var) atomicOr(f.guard, 1u);
+    if (f.guard && threadIdx.x == 0) guard_channel(f, K, c, var, frob);
     // end excerpt: guard
     const double bias = f.bias ? f.bias[c] : 0.0;
     mu += bias;
@@ -1448,7 +1508,8 @@ struct Shape {
 struct Stats {
     kb::Welford<float>* partial;   // [C_out][slots], slot = block·WROWS + warp row
     unsigned* arrivals;            // one counter, zeroed by the caller
-    float* mab;                    // [4·C_out]: m_hi, m_lo, a, b of y ← ((y − m_hi) − m_lo)·a + b
+    float* mab;                    // [6·C_out]: m_hi, m_lo, a, b of y ← ((y − m_hi) − m_lo)·a + b, then
+                                   // the pivots (pivots_kernel), which the states are summed about
     const float* gamma;            // or null (γ = 1)
     const float* beta;             // or null (β = 0)
     float* running_mean;           // or null (no running statistics)
@@ -1458,6 +1519,10 @@ struct Stats {
     float eps, scale;
     const unsigned* guard;         // "auto": run only when *guard == run_if (conv_moments.cuh); null: always run
     unsigned run_if;
+    bool y_less_pivot;             // y holds the outputs less their channel's pivot (the FFMA convolution)
+    const float* bias;             // the convolution's bias, or null
+    float* pivots;                 // [2·C_out] (in mab's last rows): start = −(the filter on the input's pivots),
+                                   // then the pivots P = b − start, rounded (pivots_kernel)
 };
 
 struct Tile {
@@ -1576,6 +1641,63 @@ __device__ __forceinline__ void compute(float (&acc)[RPT][CO_T][2 * PAIRS], cons
 }
 // end excerpt: compute
 
+// Input channel ch's median over the moments' 4×4 grid of sample 0 (the mean of the 8th and 9th of the 16 values):
+// near the bulk of the channel's values even when up to 7 of the 16 are outliers (one far-off pixel at a grid point
+// moves the moments' mean of the 16, cbm::pivot, by a sixteenth of its size, and this not at all).
+__device__ __forceinline__ float median_pivot(const float* __restrict__ x, int H, int W, int ch) {
+    const float* plane = x + static_cast<int64_t>(ch) * H * W;
+    float v[16];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            v[4 * i + j] = __ldg(plane + static_cast<int64_t>(i * (H - 1) / 3) * W + j * (W - 1) / 3);
+#pragma unroll
+    for (int pass = 0; pass < 16; ++pass)  // odd–even transposition sort: 16 passes sort 16 values
+#pragma unroll
+        for (int k = pass & 1; k + 1 < 16; k += 2) {
+            const float lo = fminf(v[k], v[k + 1]), hi = fmaxf(v[k], v[k + 1]);
+            v[k] = lo;
+            v[k + 1] = hi;
+        }
+    return 0.5f * (v[7] + v[8]);
+}
+
+// The in-place statistics' pivots, before the convolution: channel co's is P_co = b_co + Σ_i p_i·Σ_taps w[co, i, tap],
+// the filter applied to the input channels' medians p_i (median_pivot) — near the channel's mean wherever each
+// input channel's mean is near its median. Welford's mean drifts by about u·|mean − pivot|, not u·|mean|, so a
+// channel whose mean dwarfs its spread keeps its digits.
+// st.pivots[co] = start_co = −Σ_i p_i·Σ_taps w[co, i, tap]: the FFMA convolution's accumulators start there (the
+// training launch passes it in the bias's place), so they hold y − P, the filter applied to the pivot-shifted input,
+// at no cost in registers; st.pivots[C_out + co] = P_co rounded, what the statistics pass of the tensor-core path
+// subtracts and what the running mean adds back. A warp per channel. With a guard, only when *guard == run_if.
+constexpr int P_THREADS = 256;
+
+__global__ void __launch_bounds__(P_THREADS) pivots_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                                           Shape s, Stats st) {
+    if (st.guard != nullptr && *st.guard != st.run_if) return;
+    const int co = blockIdx.x * (P_THREADS / 32) + threadIdx.x / 32;
+    if (co >= s.C_out) return;  // warp-uniform
+    float q = 0.f;
+    for (int i = threadIdx.x & 31; i < s.C_in; i += 32) {
+        const float* wi = w + (static_cast<int64_t>(co) * s.C_in + i) * K3 * K3;
+        float taps = 0.f;
+#pragma unroll
+        for (int k = 0; k < K3 * K3; ++k) taps += __ldg(wi + k);
+        q = fmaf(median_pivot(x, s.H, s.W, i), taps, q);
+    }
+    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    if ((threadIdx.x & 31) == 0) {
+        st.pivots[co] = -q;
+        st.pivots[s.C_out + co] = (st.bias != nullptr ? __ldg(st.bias + co) : 0.0f) + q;  // P, rounded
+    }
+}
+
+// Channel c's pivot P_c as a float: what the tensor-core path's statistics pass subtracts, and what the running mean
+// adds back on either path (the FFMA path's own b − start differs by at most u·|P|/2, below the running mean's
+// float32 rounding).
+__device__ __forceinline__ float pivot_f32(const Stats& st, int C_out, int c) { return __ldcg(st.pivots + C_out + c); }
+
 // One thread's running statistics: a Welford state per channel, all with the same count n (a register).
 // The (mean, M2) pairs live in shared memory, [channel][thread] as float2 (consecutive threads, consecutive
 // 8-byte words: no bank conflicts), because 2·CO_T more registers would make the kernel spill.
@@ -1584,8 +1706,9 @@ struct ThreadStats {
     float2* mm;  // &stat_s[0][threadIdx.x]; channel c at mm[c * blockDim.x]
 };
 
-// Merge this tile's valid outputs into the thread's states (Chan's formula; the count and the merge weights
-// are shared by all CO_T channels). Invalid positions (past the right or bottom edge) are masked out.
+// Merge this tile's valid outputs into the thread's states (Chan's formula; the count and the merge weights are
+// shared by all CO_T channels) as acc holds them in training mode: less each channel's pivot. Invalid positions
+// (past the right or bottom edge) are masked out.
 __device__ __forceinline__ void accumulate_stats(ThreadStats& ts, const float (&acc)[RPT][CO_T][2 * PAIRS],
                                                  const Shape& s, int oh_first, int col0) {
     float mask[RPT][2 * PAIRS];
@@ -1645,20 +1768,29 @@ __device__ __forceinline__ void flush_stats(ThreadStats& ts, const Stats& st, co
     ts.n = 0.0f;
 }
 
-// The last block: merge each channel's partial states in double, write m, a, b and update the running stats.
+// The last block: merge each channel's partial states (about its pivot q) in double; update the running statistics
+// with the outputs' mean, m + q, and write the map (m, a, b) for the values y holds: less q when the FFMA
+// convolution wrote them (st.y_less_pivot), the outputs themselves otherwise.
 __device__ void finish_stats(const Stats& st, const Shape& s, int slots) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     for (int c = warp; c < s.C_out; c += n_warps) {
+        const double q = pivot_f32(st, s.C_out, c);  // the states are about the pivot: their means, plus q
         kb::Welford<double> tot{0.0, 0.0, 0.0};
         for (int i = lane; i < slots; i += 32) {
-            const kb::Welford<float>* q = st.partial + static_cast<int64_t>(c) * slots + i;
-            const kb::Welford<double> b{__ldcg(&q->n), __ldcg(&q->mean), __ldcg(&q->m2)};
+            const kb::Welford<float>* p = st.partial + static_cast<int64_t>(c) * slots + i;
+            const kb::Welford<double> b{__ldcg(&p->n), __ldcg(&p->mean) + q, __ldcg(&p->m2)};
             kb::welford_merge(tot, b);
         }
         tot = kb::welford_warp_reduce(tot);
         if (lane != 0) continue;
         kb::bn_finish_channel(tot, c, s.C_out, st.mab, st.gamma, st.beta, st.running_mean, st.running_var,
                               st.num_batches_tracked, st.momentum, st.eps, st.scale);  // bn_stats.cuh
+        if (st.y_less_pivot) {  // y holds the outputs less the pivot: so does the map's mean
+            const double m = tot.mean - q;
+            const float m_hi = static_cast<float>(m);
+            st.mab[c] = m_hi;
+            st.mab[s.C_out + c] = static_cast<float>(m - static_cast<double>(m_hi));
+        }
     }
 }
 
@@ -1858,7 +1990,8 @@ constexpr int kUnroll = kb::kBnUnroll;
 using kb::normalise;
 using kb::Vec;
 
-// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map mab [4·C] (bn_stats.cuh).
+// What the in-place apply reads and writes: y (N·C planes of HW floats) and the map, mab's first 4·C floats
+// (bn_stats.cuh).
 struct Apply {
     float* y;
     const float* mab;
@@ -1999,12 +2132,13 @@ __global__ void __launch_bounds__(S_THREADS) channel_stats_kernel(const float* _
     const int c = blockIdx.x / parts, part = blockIdx.x % parts;
     const int64_t hw = static_cast<int64_t>(s.HO) * s.WO, total = s.N * hw;
     const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
+    const float piv = pivot_f32(st, s.C_out, c);  // statistics about the channel's pivot
     kb::Welford<float> w{0.f, 0.f, 0.f};
     for (int64_t n = begin / hw; n * hw < end; ++n) {  // the planes this part touches, each a contiguous range
         const float* plane = y + (n * s.C_out + c) * hw;
         const int64_t lo = begin > n * hw ? begin - n * hw : 0, hi = end < (n + 1) * hw ? end - n * hw : hw;
         for (int64_t q = lo + threadIdx.x; q < hi; q += S_THREADS) {
-            const float v = plane[q];
+            const float v = plane[q] - piv;
             w.n += 1.f;
             const float d = v - w.mean;
             w.mean += __fdividef(d, w.n);  // an IEEE division per value made the pass compute-bound (3×)
@@ -2028,8 +2162,11 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
     const int64_t HW = static_cast<int64_t>(s.HO) * s.WO;
     const Apply p{y, mab, num_batches_tracked, N, C_out, HW};  // the in-place apply's parameters
     Stats st{static_cast<kb::Welford<float>*>(partial), arrivals, mab, gamma, beta, running_mean,
-             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u};
-    cudaError_t err;
+             running_var, num_batches_tracked, momentum, eps, scale, guard, 1u, math == kCbsFp32, b, mab + 4 * C_out};
+    constexpr int per_block = P_THREADS / 32;  // channels per pivots_kernel block
+    pivots_kernel<<<static_cast<unsigned>((C_out + per_block - 1) / per_block), P_THREADS, 0, stream>>>(x, w, s, st);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
     if (math == kCbs3xTf32) {
         err = cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 1u, stream);
         if (err != cudaSuccess) return err;
@@ -2039,7 +2176,8 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
                                                                                             static_cast<int>(parts));
         err = cudaGetLastError();
     } else if (math == kCbsFp32) {
-        err = launch<true>(x, w, b, y, s, st, static_cast<int>(slots / WROWS), stream);
+        // the accumulators start at −(the filter on the pivots), in the bias's place: y − P is written
+        err = launch<true>(x, w, st.pivots, y, s, st, static_cast<int>(slots / WROWS), stream);
     } else {
         return cudaErrorInvalidValue;
     }
@@ -2048,10 +2186,9 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
 }
 
 // The moments' statistics and fold (conv_moments.cuh): four kernels, no convolution. acc: the workspace. The
-// main sums by FFMA, or on the tensor cores (math 3xTF32); the guard's u follows, from measurement: on 2,283
-// output channels of P73's data, natural images and outlying pivots (κ about the pivot ≥ 10), var_c erred at most
-// 0.95u·κ_c by FFMA and 0.49u·κ_c on the tensor cores — their products err more than FFMA's exact ones, but they
-// join in float32 every eight and in double every tile. U_TF32 = 2u keeps a factor of 4 over what was measured.
+// main sums by FFMA, or on the tensor cores (math 3xTF32), with the guard's error model for that arithmetic
+// (cbm::GuardModel, measured: the tensor cores' products err more than FFMA's exact ones, but they join in float32
+// every eight and in double every tile, so their spread is at most twice FFMA's and their floor a few u).
 cudaError_t moments_fold(const float* x, double* acc, cbm::Finalize f, int64_t N, int C_in, int H, int W, int math,
                          cudaStream_t stream) {
     // cbm:: names spelled out: namespace cbs has its own THREADS, K3 and smem_bytes<bool> (the convolution's),
@@ -2103,7 +2240,7 @@ cudaError_t moments_fold(const float* x, double* acc, cbm::Finalize f, int64_t N
     const int grid = static_cast<int>(s.tiles < blocks ? s.tiles : blocks);
     if (tc) {
         moments_tc_kernel<<<grid, cbm::T_THREADS, cbm::T_SMEM, stream>>>(x, s, acc);
-        f.u = cbm::U_TF32;
+        f.model = cbm::GUARD_TF32;
     } else if (band == 16) {
         moments_main_kernel<16><<<grid, cbm::THREADS, cbm::smem_bytes<16>(), stream>>>(x, s, acc);
     } else {
@@ -2129,7 +2266,7 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
 
 // Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
 // kernel, which also counts the batch); the convolution by FFMA or on the tensor cores (math). Workspaces:
-// partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [3·C_out], arrivals [1] zeroed.
+// partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [6·C_out], arrivals [1] zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
@@ -2142,13 +2279,19 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
                               slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, math, stream);
 }
 
-// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles), and the
-// guard's threshold on κ (u·κ > GUARD_TOL sends "auto" to the in-place path).
+// The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles); the
+// guard's flag and its prediction in the workspace, and its model for the sums' arithmetic: {u, floor, spread,
+// allowance factor} (the allowance for C_in input channels is factor·u·√(C_in·9)).
 int cbs_moments_max_channels() { return cbm::CI_MAX; }
 int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
 int64_t cbs_guard_offset() { return cbm::GUARD_OFFSET; }
-double cbs_guard_kappa_max(int math) {
-    return cbm::GUARD_TOL / (math == kCbs3xTf32 ? cbm::U_TF32 : cbm::U32);
+int64_t cbs_guard_prediction_offset() { return cbm::RISK_OFFSET + cbm::RISK_PREDICTED; }
+void cbs_guard_model(int math, double* out) {
+    const cbm::GuardModel m = math == kCbs3xTf32 ? cbm::GUARD_TF32 : cbm::GUARD_FFMA;
+    out[0] = cbm::U32;
+    out[1] = m.floor;
+    out[2] = m.spread;
+    out[3] = cbm::GUARD_ALLOWANCE;
 }
 
 // Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
@@ -2161,7 +2304,7 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
                                      float scale, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          nullptr, nullptr, C_out, momentum, eps, scale};
+                          nullptr, nullptr, nullptr, C_out, momentum, eps, scale};
     const cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, math, stream);
@@ -2185,7 +2328,7 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     // excerpt: auto
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
     const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          guard, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
+                          guard, acc + cbm::RISK_OFFSET, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
     cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     if (running_mean) {
@@ -2201,15 +2344,16 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
     // end excerpt: auto
 }
 
-// The guard alone, for inspection: the moments' statistics with the guard on x and w (nothing else written but
-// the workspaces); the flag is acc[cbs_guard_offset()]'s first 32-bit word once the stream has run.
-cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
-                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out, int math,
-                                   cudaStream_t stream) {
+// The guard alone, for inspection: the moments' statistics with the guard on x, w and BN's γ, β, ε and the scale
+// (nothing else written but the workspaces); once the stream has run, the flag is acc[cbs_guard_offset()]'s first
+// 32-bit word and the predicted error and its allowance are acc[cbs_guard_prediction_offset()] and the next double.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
+                                   const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
+                                   int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);
-    const cbm::Finalize f{w, b, nullptr, nullptr, nullptr, nullptr, nullptr, w_fold, b_fold, guard, nullptr,
-                          C_out, -1.f, 0.f, 1.f};
+    const cbm::Finalize f{w, b, gamma, beta, nullptr, nullptr, nullptr, w_fold, b_fold, guard, acc + cbm::RISK_OFFSET,
+                          nullptr, C_out, -1.f, eps, scale};
     return cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
 }
 '''
@@ -2223,15 +2367,15 @@ CPP_SRC = r'''
 // them in Python (kernelbook/models/autograd_ops.py).
 // strategy "moments" takes the statistics from the input's moments and writes the output once (C_in ≤ 8);
 // "inplace" writes the conv output with its statistics, then normalises it in place; "auto" (C_in ≤ 8) computes
-// the moments and their condition number κ per channel, and the GPU takes the in-place path for this call
-// when u·κ would exceed the guard's tolerance (conv_moments.cuh), without a host synchronisation; for
-// C_in > 8 "auto" is the in-place strategy.
+// the moments and, from their conditioning, the moments path's predicted output error, and the GPU takes the
+// in-place path for this call when it would exceed the float32 allowance (conv_moments.cuh), without a host
+// synchronisation; for C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
 // (kernelbook/folding.py): eval-mode P73 in one launch.
 // math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
-// cores; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it is faster than FFMA: tc_rates.h, else fp32) — except for
-// the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the FFMA
-// convolution is the more accurate (chapter 7 measures both); math="3xtf32" puts it on the tensor cores too.
+// cores; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it is faster than FFMA: tc_rates.h, else fp32) —
+// except for the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the
+// FFMA convolution is the more accurate (chapter 7 measures both); math="3xtf32" puts it on the tensor cores too.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -2263,8 +2407,8 @@ cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, floa
                             int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
-// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [4·C_out], arrivals [1]
-// zeroed.
+// Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [6·C_out] (the map and the
+// channels' pivots), arrivals [1] zeroed.
 cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, float* y, const float* gamma,
                              const float* beta, float* running_mean, float* running_var,
                              int64_t* num_batches_tracked, float* mab, void* partial, int64_t slots,
@@ -2290,11 +2434,12 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int H, int W, int C_out, float momentum, float eps, float scale, int math,
                                   int inplace_math, cudaStream_t stream);
 
-// The guard alone, with the moments' sums in the given arithmetic: the flag is acc[cbs_guard_offset()]'s first
-// 32-bit word once the stream has run.
-cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, double* acc, float* w_fold,
-                                   float* b_fold, int64_t N, int C_in, int H, int W, int C_out, int math,
-                                   cudaStream_t stream);
+// The guard alone, with the moments' sums in the given arithmetic, for BN's γ, β (null: 1, 0), ε and the scale:
+// once the stream has run, the flag is acc[cbs_guard_offset()]'s first 32-bit word, and the predicted output error
+// and the allowance it was compared with are acc[cbs_guard_prediction_offset()] and the double after it.
+cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
+                                   const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
+                                   int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream);
 
 // The most input channels the 3xTF32 convolution takes (8: one mma k-step per filter tap).
 int cbs_tf32_max_channels();
@@ -2308,12 +2453,15 @@ int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
 cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
 // The compile-time configuration: RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes (eval, train).
 void cbs_config(int* out);
-// The moments strategy's limits: input channels, workspace doubles, the guard flag's offset in it, and the
-// guard's threshold on κ for the sums' arithmetic (GUARD_TOL / u: 16× lower on the tensor cores).
+// The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
+// prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:
+// "auto" takes the moments while ½·u·√(Σ_c (γ_c s)²·(floor² + spread²·ρ_c²)/Σ_c (γ_c s)²) ≤ factor·u·√(C_in·9)
+// (conv_moments.cuh says what ρ_c is and where ε enters).
 int cbs_moments_max_channels();
 int64_t cbs_moments_workspace();
 int64_t cbs_guard_offset();
-double cbs_guard_kappa_max(int math);
+int64_t cbs_guard_prediction_offset();
+void cbs_guard_model(int math, double* out);
 // ---- end conv_bn_scale.h ----
 // ---- begin tc_rates.h (inlined by scripts/make_solutions.py) ----
 // tc_rates.h — when the tensor cores' 3xTF32 beats the CUDA cores' FFMA, by GPU architecture (torch-free).
@@ -2649,7 +2797,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
         torch::Tensor w_fold = torch::empty_like(conv_w);
         torch::Tensor b_fold = torch::empty({C}, fopts);
         torch::Tensor staged = torch::empty({2, C}, fopts);           // the moments' new running statistics
-        torch::Tensor mab = torch::empty({4, C}, fopts);              // the in-place path's per-channel map
+        torch::Tensor mab = torch::empty({6, C}, fopts);              // the in-place path's map and pivots
         torch::Tensor partial = torch::empty({C * slots * 3}, fopts);  // its Welford states
         kb::check_launch(
             launch_cbs_train_auto(
@@ -2684,7 +2832,7 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     kb::check_cuda(cbs_train_slots(N, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
                                    static_cast<int>(x.size(3)), static_cast<int>(C), &slots),
                    op, "sizing the grid");
-    torch::Tensor mab = torch::empty({4, C}, fopts);  // per channel: y ← ((y − m_hi) − m_lo)·a + b
+    torch::Tensor mab = torch::empty({6, C}, fopts);  // per channel: y ← ((y − m_hi) − m_lo)·a + b; pivots
     torch::Tensor partial = torch::empty({C * slots * 3}, fopts);            // Welford states (n, mean, M2)
     torch::Tensor arrivals = torch::zeros({1}, fopts.dtype(torch::kInt32));  // blocks done, counted by the kernel
     kb::check_launch(
@@ -2700,15 +2848,29 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
     return y;
 }
 
-// Which path strategy="auto" takes for x and conv_w: "moments" or "inplace" (the guard on the GPU, then one
-// host synchronisation to read its flag: for inspection and tests; the training call itself never waits).
-std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tensor& conv_w,
-                                      const std::optional<torch::Tensor>& conv_b, const std::string& math) {
-    constexpr const char* op = "conv_bn_scale_auto_choice";
+// The guard of strategy="auto" on x, conv_w and BN's γ, β (None: 1, 0), ε and the scale, with the moments' sums in
+// the arithmetic `math` resolves to: {"choice": "moments" | "inplace", "predicted": the moments path's predicted
+// norm-wise output error, "allowed": what it is compared with, "math": the sums' arithmetic}. Runs the statistics
+// and the guard, then one host synchronisation to read them: for inspection and tests; the training call itself
+// never waits. C_in > 8: the in-place path, nothing predicted (NaN).
+static pybind11::dict run_guard(const char* op, const torch::Tensor& x, const torch::Tensor& conv_w,
+                                const std::optional<torch::Tensor>& conv_b, const std::string& math,
+                                const std::optional<torch::Tensor>& bn_w,
+                                const std::optional<torch::Tensor>& bn_b, double eps, double scale) {
     const std::vector<int64_t> shape = checked_shape(op, x, conv_w, conv_b);
     const int m = resolve_math(op, math, x);
-    if (x.size(1) > cbs_moments_max_channels()) return "inplace";
+    pybind11::dict out;
+    out["math"] = math_name(m);
+    if (x.size(1) > cbs_moments_max_channels()) {
+        out["choice"] = "inplace";
+        out["predicted"] = std::nan("");
+        out["allowed"] = std::nan("");
+        return out;
+    }
     KB_CHECK(shape[0] >= 1, op, ": x holds no samples");
+    KB_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
+    kb::check_channel_vector(bn_w, x, shape[1], op, "bn_w", "one value per output channel");
+    kb::check_channel_vector(bn_b, x, shape[1], op, "bn_b", "one value per output channel");
     const c10::cuda::CUDAGuard guard(x.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     const auto fopts = x.options();
@@ -2716,20 +2878,49 @@ std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tenso
     torch::Tensor w_fold = torch::empty_like(conv_w);
     torch::Tensor b_fold = torch::empty({shape[1]}, fopts);
     kb::check_launch(launch_cbs_guard_probe(x.data_ptr<float>(), conv_w.data_ptr<float>(), ptr_or_null(conv_b),
-                                            acc.data_ptr<double>(), w_fold.data_ptr<float>(),
-                                            b_fold.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
-                                            static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                                            static_cast<int>(shape[1]), m, stream),
+                                            ptr_or_null(bn_w), ptr_or_null(bn_b), acc.data_ptr<double>(),
+                                            w_fold.data_ptr<float>(), b_fold.data_ptr<float>(), x.size(0),
+                                            static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
+                                            static_cast<int>(x.size(3)), static_cast<int>(shape[1]),
+                                            static_cast<float>(eps), static_cast<float>(scale), m, stream),
                      op);
+    const int64_t p = cbs_guard_prediction_offset();
+    const torch::Tensor pred = acc.slice(0, p, p + 2).cpu();
     const int flag = acc.slice(0, cbs_guard_offset(), cbs_guard_offset() + 1).view(torch::kInt32)[0].item<int>();
-    return flag != 0 ? "inplace" : "moments";
+    out["choice"] = flag != 0 ? "inplace" : "moments";
+    out["predicted"] = pred[0].item<double>();
+    out["allowed"] = pred[1].item<double>();
+    return out;
 }
 
-// The guard's threshold on κ for the moments' sums in FFMA ('fp32') or on the tensor cores ('3xtf32').
-double guard_kappa_max(const std::string& math) {
-    KB_CHECK(math == "fp32" || math == "3xtf32", "guard_kappa_max", ": math must be 'fp32' or '3xtf32', got '",
-             math, "'");
-    return cbs_guard_kappa_max(math == "3xtf32" ? kCbs3xTf32 : kCbsFp32);
+pybind11::dict conv_bn_scale_guard(const torch::Tensor& x, const torch::Tensor& conv_w,
+                                   const std::optional<torch::Tensor>& conv_b, const std::string& math,
+                                   const std::optional<torch::Tensor>& bn_w, const std::optional<torch::Tensor>& bn_b,
+                                   double eps, double scale) {
+    return run_guard("conv_bn_scale_guard", x, conv_w, conv_b, math, bn_w, bn_b, eps, scale);
+}
+
+// Which path strategy="auto" takes: "moments" or "inplace" (conv_bn_scale_guard's choice).
+std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tensor& conv_w,
+                                      const std::optional<torch::Tensor>& conv_b, const std::string& math,
+                                      const std::optional<torch::Tensor>& bn_w,
+                                      const std::optional<torch::Tensor>& bn_b, double eps, double scale) {
+    const pybind11::dict g = run_guard("conv_bn_scale_auto_choice", x, conv_w, conv_b, math, bn_w, bn_b, eps, scale);
+    return pybind11::cast<std::string>(g["choice"]);
+}
+
+// The guard's error model for the moments' sums in FFMA ('fp32') or on the tensor cores ('3xtf32').
+pybind11::dict guard_model(const std::string& math) {
+    KB_CHECK(math == "fp32" || math == "3xtf32", "guard_model", ": math must be 'fp32' or '3xtf32', got '", math,
+             "'");
+    double v[4];
+    cbs_guard_model(math == "3xtf32" ? kCbs3xTf32 : kCbsFp32, v);
+    pybind11::dict out;
+    out["u"] = v[0];
+    out["floor"] = v[1];
+    out["spread"] = v[2];
+    out["allowance"] = v[3];
+    return out;
 }
 
 // The arithmetic math='auto' (or the given math) picks for x on its GPU: 'fp32' or '3xtf32'.
@@ -2764,14 +2955,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "'3xtf32' (tensor cores; math='auto' picks it where dense TF32 runs at least 3.5x FP32, tc_rates.h, and "
           "C_in <= 8)",
           arg("x"), arg("math") = "auto");
+    m.def("conv_bn_scale_guard", &conv_bn_scale_guard,
+          "The guard of strategy='auto' on this batch, filter and BatchNorm: {'choice', 'predicted' (the moments "
+          "path's predicted norm-wise output error), 'allowed' (the float32 allowance it is compared with), 'math' "
+          "(the moments' sums' arithmetic)} (synchronises: for inspection)",
+          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none(), arg("math") = "auto",
+          arg("bn_w") = pybind11::none(), arg("bn_b") = pybind11::none(), arg("eps") = 1e-5, arg("scale") = 1.0);
     m.def("conv_bn_scale_auto_choice", &conv_bn_scale_auto_choice,
-          "The path strategy='auto' takes for this batch and filter: 'moments', or 'inplace' when u*kappa of some "
-          "output channel exceeds the guard's tolerance, with the moments' sums in the arithmetic `math` resolves "
-          "to (synchronises: for inspection)",
-          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none(), arg("math") = "auto");
-    m.def("guard_kappa_max", &guard_kappa_max,
-          "The guard's threshold for the moments' sums in `math` ('fp32' or '3xtf32'): strategy='auto' takes the "
-          "in-place path when kappa of some channel exceeds it",
+          "The path strategy='auto' takes for this batch and filter: 'moments', or 'inplace' when the moments' "
+          "predicted output error exceeds the float32 allowance (conv_bn_scale_guard; synchronises: for inspection)",
+          arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none(), arg("math") = "auto",
+          arg("bn_w") = pybind11::none(), arg("bn_b") = pybind11::none(), arg("eps") = 1e-5, arg("scale") = 1.0);
+    m.def("guard_model", &guard_model,
+          "The guard's error model for the moments' sums in `math` ('fp32' or '3xtf32'): {'u', 'floor', 'spread', "
+          "'allowance'}; the variance of a channel errs by about u*sqrt(floor^2 + (spread*rho)^2), and the moments "
+          "are taken while the predicted output error is at most allowance*u*sqrt(C_in*9)",
           arg("math"));
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");

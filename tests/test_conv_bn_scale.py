@@ -281,13 +281,38 @@ def test_moments_on_tensor_cores_no_worse_than_eager_on_shifted_input(cbs, shift
 
 
 @pytest.mark.compile
-def test_guard_threshold_and_probe_checks(cbs):
-    assert cbs.guard_kappa_max("fp32") == pytest.approx(1e-5 * 2.0**24)
-    assert cbs.guard_kappa_max("3xtf32") == pytest.approx(1e-5 * 2.0**23)  # u = 2·2^-24 for the 3xTF32 sums
-    with pytest.raises(RuntimeError, match="guard_kappa_max: math must be 'fp32' or '3xtf32', got 'auto'"):
-        cbs.guard_kappa_max("auto")
-    with pytest.raises(RuntimeError, match="conv_bn_scale_auto_choice: x must be a CUDA tensor"):
-        cbs.conv_bn_scale_auto_choice(torch.ones(1, 3, 6, 6), torch.ones(5, 3, 3, 3), None)
+def test_guard_model_and_probe_checks(cbs):
+    """The kernel's error model is the one the toolkit's CPU prediction uses (guard_study.GUARD_MODEL)."""
+    from kernelbook.models import guard_study as gs
+
+    for math in MATHS:
+        assert cbs.guard_model(math) == {"u": gs.U, **gs.GUARD_MODEL[math], "allowance": pytest.approx(3**0.5)}
+    with pytest.raises(RuntimeError, match="guard_model: math must be 'fp32' or '3xtf32', got 'auto'"):
+        cbs.guard_model("auto")
+    for op in ("conv_bn_scale_auto_choice", "conv_bn_scale_guard"):
+        with pytest.raises(RuntimeError, match=f"{op}: x must be a CUDA tensor"):
+            getattr(cbs, op)(torch.ones(1, 3, 6, 6), torch.ones(5, 3, 3, 3), None)
+
+
+@pytest.mark.gpu
+def test_guard_probe_reads_bn_parameters(cbs):
+    """The guard weighs each channel by (γ_c·s)² and damps it by ε: a zero γ removes an ill-conditioned channel
+    from the prediction, as the CPU's guard_prediction does; bad BN vectors are refused by name."""
+    from kernelbook.models import guard_study as gs
+
+    x = kb.variance.smooth_field(1e-2, seed=0, device="cuda")
+    _, ours = ill_conditioned_modules()
+    w, b = ours["conv"].weight, ours["conv"].bias
+    for g, choice in ((torch.ones(2), "inplace"), (torch.tensor([0.0, 1.0]), "moments")):
+        out = cbs.conv_bn_scale_guard(x, w, b, "fp32", g.cuda(), None, 1e-5, SCALE)
+        cpu = gs.guard_prediction(x, w, "fp32", g, None, 1e-5, SCALE)
+        assert out["choice"] == cpu["choice"] == choice, (out, cpu["predicted"])
+        assert out["predicted"] == pytest.approx(cpu["predicted"], rel=0.05) and out["math"] == "fp32"
+        assert cbs.conv_bn_scale_auto_choice(x, w, b, "fp32", g.cuda(), None, 1e-5, SCALE) == choice
+    with pytest.raises(RuntimeError, match=r"conv_bn_scale_guard: bn_w must have shape \[2\]"):
+        cbs.conv_bn_scale_guard(x, w, b, "fp32", torch.ones(3, device="cuda"))
+    wide = cbs.conv_bn_scale_guard(torch.rand(1, 9, 5, 5, device="cuda"), torch.rand(2, 9, 3, 3, device="cuda"))
+    assert wide["choice"] == "inplace"  # more input channels than the moments take
 
 
 @pytest.mark.gpu

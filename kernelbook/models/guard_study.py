@@ -1,12 +1,20 @@
-"""How good is the κ guard of P73's moments strategy? Measured error against κ on natural images and classic filters.
+"""How good is the guard of P73's moments strategy? Measured error against its prediction on natural images, classic
+filters and synthetic cases.
 
 The moments strategy (kernels/conv_moments.cuh) takes a channel's batch variance as w_cᵀΣw_c, with Σ the 3×3×C_in
-patch covariance summed in float32 about a per-channel pivot (x[0, i, 0, 0]); its relative error grows as u·κ_c,
-κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c. The guard of strategy "auto" falls back to the in-place strategy when u·κ_c
-exceeds 10⁻⁵ for some channel. This module builds the inputs that test that rule — crops of two photographs
-(``natural_batch``), classic and random filters (``filter_sets``), a far-off pivot (``with_outlier_pivot``) —
-computes κ in float64 (``kappa``), and measures every strategy's output and variance error against float64 beside
-eager PyTorch's float32 error, with the guard's choice and the time of the guarded call (``error_vs_kappa``).
+patch covariance summed in float32 about a per-channel pivot (the mean of a 4×4 grid of sample 0). Each entry of Σ
+errs relative to S = Σ + m·mᵀ, the second moment about the pivot: in the worst case the variance errs by u·κ_c,
+κ_c = |w_c|ᵀ|S||w_c| / w_cᵀΣw_c; independent roundings add in quadrature, and the error measured follows
+u·√(floor² + (spread·ρ_c)²), ρ_c = ‖(w_c w_cᵀ) ∘ S‖_F / w_cᵀΣw_c. The guard of strategy "auto" predicts the
+norm-wise output error from it (``guard_prediction``: a channel's variance error δ_c moves its normalised output by
+δ_c/2, channels weighted by (γ_c·s)²) and takes the moments while it is at most √3·u·√(C_in·9), what "float32-
+accurate" (≤ 2× the float32 library's error, about u·√K for its K-term dot products) leaves for the statistics.
+This module builds the inputs that test that rule — crops of two photographs (``natural_batch``), classic and
+random filters (``filter_sets``), a far-off pivot (``with_outlier_pivot``), a smooth field at the rule's edge
+(``edge_cases``) — computes κ and ρ in float64, measures every strategy's output and variance error against float64
+beside eager PyTorch's float32 error, with the guard's choice, prediction and the time of the guarded call
+(``error_vs_kappa``), and fits the model's floor and spread from such measurements (``calibrate``).
+``python -m kernelbook.models.guard_study --out FILE`` runs the study on a GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +35,11 @@ K = 3  # P73's kernel size
 GREY = (0.2125, 0.7154, 0.0721)  # luminance of linear R, G, B (ITU-R BT.709), as scikit-image's rgb2gray
 IMAGES = ("astronaut.png", "coffee.png")  # bundled with scikit-image (no download)
 TOL = 1e-5  # the norm-wise error every path of chapter 7 is held to
+U = 2.0**-24  # float32's unit roundoff
+# The guard's model of the moments' variance error per arithmetic of the sums, as the kernel has it
+# (conv_moments.cuh, GuardModel): rel. error ≈ u·√(floor² + (spread·ρ_c)²); tests check the two agree.
+GUARD_MODEL = {"fp32": {"floor": 2.0, "spread": 1.25}, "3xtf32": {"floor": 4.0, "spread": 2.0}}
+GUARD_ALLOWANCE = math.sqrt(3.0)  # √(2² − 1): the statistics' share of twice the library's u·√K
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -175,25 +188,66 @@ def kernel_pivot(x: torch.Tensor) -> torch.Tensor:
     return (acc * 0.0625).double()
 
 
+def _about_pivot(x, w, pivot, moments):
+    """(w as rows in float64, Σ, the second moments S about ``pivot`` — Σ itself for None) for kappa and rho."""
+    mean, cov = moments if moments is not None else patch_moments(x)
+    wr = w.detach().reshape(len(w), -1).to(device=cov.device, dtype=torch.float64)
+    if pivot is None:
+        return wr, cov, cov
+    if isinstance(pivot, str) and pivot != "kernel":
+        raise ValueError(f"pivot must be None, 'kernel' or one value per input channel, got {pivot!r}")
+    p = kernel_pivot(x) if isinstance(pivot, str) else torch.as_tensor(pivot)
+    d = mean - p.to(device=cov.device, dtype=torch.float64).repeat_interleave(wr.shape[1] // len(p))
+    return wr, cov, cov + torch.outer(d, d)
+
+
 def kappa(x: torch.Tensor, w: torch.Tensor, pivot: str | torch.Tensor | None = None,
           moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """κ_c = |w_c|ᵀ|Σ||w_c| / w_cᵀΣw_c per output channel, in float64 on the CPU. With ``pivot`` ("kernel": the
     kernel's own, ``kernel_pivot``; or one value per input channel), |Σ| becomes |S_p|, S_p = Σ + (m − p)(m − p)ᵀ
-    the second moments about the pivot that the kernel actually sums: the amplification its rounding meets, and
-    what the guard computes (pivot="kernel").
-    ``moments``: ``patch_moments(x)`` if already computed."""
-    mean, cov = moments if moments is not None else patch_moments(x)
-    wr = w.detach().reshape(len(w), -1).to(device=cov.device, dtype=torch.float64)
-    a = cov
-    if pivot is not None:
-        if isinstance(pivot, str) and pivot != "kernel":
-            raise ValueError(f"pivot must be None, 'kernel' or one value per input channel, got {pivot!r}")
-        p = kernel_pivot(x) if isinstance(pivot, str) else torch.as_tensor(pivot)
-        d = mean - p.to(device=cov.device, dtype=torch.float64).repeat_interleave(wr.shape[1] // len(p))
-        a = cov + torch.outer(d, d)
+    the second moments about the pivot that the kernel actually sums: the amplification its rounding meets when
+    every entry errs the same way (a bound). ``moments``: ``patch_moments(x)`` if already computed."""
+    wr, cov, a = _about_pivot(x, w, pivot, moments)
     num = ((wr.abs() @ a.abs()) * wr.abs()).sum(1)
     den = ((wr @ cov) * wr).sum(1)
     return (num / den).cpu()
+
+
+def rho(x: torch.Tensor, w: torch.Tensor, pivot: str | torch.Tensor | None = "kernel",
+        moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """ρ_c = ‖(w_c w_cᵀ) ∘ S‖_F / w_cᵀΣw_c per output channel (float64, CPU): κ_c's root-sum-square counterpart,
+    the amplification of independent roundings of S's entries (ρ_c ≤ κ_c). S about the kernel's pivot by default,
+    as the guard computes it; ``pivot`` and ``moments`` as for ``kappa``."""
+    wr, cov, a = _about_pivot(x, w, pivot, moments)
+    frob = ((wr**2) @ (a**2) * wr**2).sum(1)  # Σ_uv (w_u S_uv w_v)²
+    return (frob.sqrt() / ((wr @ cov) * wr).sum(1)).cpu()
+
+
+def guard_allowance(c_in: int) -> float:
+    """The output error the guard allows the moments' statistics: √3·u·√K, K = c_in·9 (the library's u·√K)."""
+    return GUARD_ALLOWANCE * U * math.sqrt(c_in * K * K)
+
+
+def guard_prediction(x: torch.Tensor, w: torch.Tensor, math_: str, bn_w: torch.Tensor | None = None,
+                     bn_b: torch.Tensor | None = None, eps: float = 1e-5, scale: float = 1.0,
+                     moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+    """What the guard of strategy "auto" computes, in float64 on the CPU, for the moments' sums in ``math_``
+    ("fp32" or "3xtf32"): the predicted norm-wise output error of the moments path,
+    E = ½·u·√(Σ_c (γ_c s)²·r_c³·(floor² + spread²·ρ_c²) / Σ_c ((γ_c s)²·r_c + (β_c s)²)), r_c = σ_c²/(σ_c² + ε),
+    the allowance it is compared with, and the choice: {"predicted", "allowed", "choice", "rho": ρ_c}."""
+    model = GUARD_MODEL[math_]
+    wr, cov, _ = _about_pivot(x, w, "kernel", moments)
+    var = ((wr @ cov) * wr).sum(1).clamp_min(0.0).cpu()
+    r_c = rho(x, w, "kernel", moments)
+    c_out = len(var)
+    g = (torch.ones(c_out, dtype=torch.float64) if bn_w is None else bn_w.detach().double().cpu()) * scale
+    be = (torch.zeros(c_out, dtype=torch.float64) if bn_b is None else bn_b.detach().double().cpu()) * scale
+    r = var / (var + eps)
+    terms = torch.where(var > 0, model["floor"] ** 2 + (model["spread"] * r_c) ** 2, model["floor"] ** 2)
+    num, den = float((g**2 * r**3 * terms).sum()), float((g**2 * r + be**2).sum())
+    e = 0.5 * U * math.sqrt(num / den) if den > 0 else 0.0
+    allowed = guard_allowance(w.shape[1])
+    return {"predicted": e, "allowed": allowed, "choice": "moments" if e <= allowed else "inplace", "rho": r_c}
 
 
 # ------------------------------------------------------------------------------------------- measurement
@@ -216,13 +270,31 @@ def pairs(inputs: Mapping[str, torch.Tensor], filters: Mapping[str, tuple[torch.
     return [Case(f"{i} / {f}", x, w, b, input=i, filters=f) for i, x in inputs.items() for f, (w, b) in filters.items()]
 
 
-def study_sections(batches: Sequence[int] = (16, 128), seed: int = 0, natural: bool = True,
+EDGE_DELTAS = (0.4, 0.3, 0.25, 0.2, 0.15)  # edge_cases' noise: predicted/allowed ≈ 0.3 … 3 on both maths
+
+
+def edge_cases(seed: int = 0, deltas: Sequence[float] = EDGE_DELTAS, n: int = 4, size: int = 64) -> list[Case]:
+    """Cases at the guard's edge: P73's own filters (``filter_sets``' kaiming_uniform) with each input channel's 9
+    taps made to sum to zero — dense filters (all 72 taps) that cancel on smooth inputs — on a smooth field plus
+    uniform noise of amplitude δ (``kb.variance.smooth_field``, 8 channels): the less noise, the more they
+    cancel; over ``EDGE_DELTAS`` the predicted error crosses the allowance on both arithmetics. Dense, so that the
+    library's error is that of 72-term dot products, as the allowance assumes."""
+    from .variance import smooth_field
+
+    w, b = filter_sets(seed)["kaiming_uniform"]
+    w = (w - w.mean(dim=(2, 3), keepdim=True)).contiguous()
+    return [Case(f"edge δ={d:g} n{n} / kaiming, zero-sum taps", smooth_field(d, seed, n=n, c=8, h=size, w=size),
+                 w, b, input=f"edge δ={d:g}", filters="kaiming_zero_sum") for d in deltas]
+
+
+def study_sections(batches: Sequence[int] = (128, 16), seed: int = 0, natural: bool = True,
                    outlier_factors: Sequence[float] = (10.0, 1000.0)) -> dict[str, list[Case]]:
     """The study's cases by section, most telling first (a run short of time can stop between sections), on the
-    CPU: P73 itself (its initialisation and ``torch.rand`` input at the benchmark's batch); chapter 7's
-    difference filter on its smooth field (κ ≈ 10⁴ to 10⁵); far-off pivots (``with_outlier_pivot``) on P73's and
-    on a natural batch; then, for each batch, natural images and P73's input with every filter set.
-    ``natural=False`` leaves the photographs out (no scikit-image needed)."""
+    CPU: P73 itself (its initialisation and ``torch.rand`` input at the benchmark's batch); natural images at the
+    benchmark's batch with every filter set; the guard's edge (``edge_cases``); chapter 7's difference filter on
+    its smooth field (κ ≈ 10⁴ to 10⁵); far-off pivots (``with_outlier_pivot``) on P73's and on a natural batch;
+    then, for each other batch, natural images and P73's input with every filter set. ``natural=False`` leaves the
+    photographs out (no scikit-image needed)."""
     from .problems import P73_CONV_BN_SCALE as P
     from .variance import smooth_field
 
@@ -233,19 +305,21 @@ def study_sections(batches: Sequence[int] = (16, 128), seed: int = 0, natural: b
         return Case(f"{label} / {filters}", x, *sets[filters], input=label, filters=filters)
 
     p73_small = P.inputs(seed=1, batch=small)
-    out = {"p73": [case(f"p73 n{full}", P.inputs(seed=1, batch=full), "kaiming_uniform")],
-           "smooth": [case(f"smooth δ={d:.0e} n{small}", smooth_field(d, seed, n=small, c=8, h=128, w=128),
-                           "difference") for d in (1e-2, 1e-4)],
-           "outlier": [case(f"p73 n{small} pivot×{f:g}", with_outlier_pivot(p73_small, f), "kaiming_uniform")
-                       for f in outlier_factors]}
+    out = {"p73": [case(f"p73 n{full}", P.inputs(seed=1, batch=full), "kaiming_uniform")]}
+    if natural and full in batches:
+        out[f"filters n{full}"] = pairs({f"natural n{full}": natural_batch(full, seed)}, sets)
+    out["edge"] = edge_cases(seed)
+    out["smooth"] = [case(f"smooth δ={d:.0e} n{small}", smooth_field(d, seed, n=small, c=8, h=128, w=128),
+                          "difference") for d in (1e-2, 1e-4)]
+    out["outlier"] = [case(f"p73 n{small} pivot×{f:g}", with_outlier_pivot(p73_small, f), "kaiming_uniform")
+                      for f in outlier_factors]
     if natural:
         nat = with_outlier_pivot(natural_batch(small, seed), outlier_factors[-1])
         out["outlier"] += [case(f"natural n{small} pivot×{outlier_factors[-1]:g}", nat, name)
                            for name in ("kaiming_uniform", "sobel_x_one")]
-    for n in sorted(batches):
+    for n in (n for n in batches if n != full):
         inputs = {f"natural n{n}": natural_batch(n, seed)} if natural else {}
-        if n != full:  # P73's input at the benchmark's batch is in the first section
-            inputs[f"p73 n{n}"] = p73_small if n == small else P.inputs(seed=1, batch=n)
+        inputs[f"p73 n{n}"] = p73_small if n == small else P.inputs(seed=1, batch=n)
         out[f"filters n{n}"] = pairs(inputs, sets)
     return out
 
@@ -295,9 +369,11 @@ def error_vs_kappa(mod, cases: Iterable[Case] | Mapping[str, tuple], maths: Sequ
     """For each case, training-mode P73 (``_module``) by every strategy × math of ``mod`` (the ``conv_bn_scale``
     extension) against float64 — the output's ``kb.check.report`` (norm-wise) and the batch variance's relative
     error per channel (the running variance after one call at momentum 1) — beside eager float32 PyTorch's (TF32
-    off) on the same input; with κ per channel (the guard's, and about the kernel's pivot), the guard's choice and
-    threshold for each math, and, if ``time``, the guarded call's time (strategy "auto") for each math and for the
-    default math. One row per case × math × strategy (a pandas DataFrame); per-channel values are lists.
+    off) on the same input; with κ per channel (about the mean, and about the kernel's pivot) and ρ (about the
+    pivot), the guard's choice, predicted output error and allowance for each math (the kernel's, and
+    ``guard_prediction``'s on the CPU: ``guard_predicts``, ``predicted_cpu``), and, if ``time``, the guarded call's
+    time (strategy "auto") for each math and for the default math. One row per case × math × strategy (a pandas
+    DataFrame); per-channel values are lists.
     ``f32_accurate``: the output errs at most 2× eager's error (never less than 2u), the book's rule.
     ``device``: where everything runs (the kernels need "cuda"; the tests run the logic on a CPU stand-in)."""
     import pandas as pd
@@ -317,7 +393,9 @@ def error_vs_kappa(mod, cases: Iterable[Case] | Mapping[str, tuple], maths: Sequ
         b = None if case.b is None else case.b.to(device, torch.float32).contiguous()
         moments = patch_moments(x)
         kap, kap_p = kappa(x, w, moments=moments), kappa(x, w, "kernel", moments=moments)
+        rho_p = rho(x, w, "kernel", moments=moments)
         model = _module(w, b, scale).to(device)
+        bn = (model.bn.weight, model.bn.bias, model.bn.eps, scale)
         timed = {"chapter": chapter, "warmup": warmup, "rep": rep}
         with torch.no_grad():
             ref = copy.deepcopy(model).double()
@@ -328,14 +406,16 @@ def error_vs_kappa(mod, cases: Iterable[Case] | Mapping[str, tuple], maths: Sequ
                 e = check.report(eager(x), y64, tol)
             e_var, e_mean = _channel_errors(eager.bn.running_mean, eager.bn.running_var, mean64, var64)
             out = torch.empty_like(y64, dtype=torch.float32)
-            default = {"default_math": ext.conv_bn_scale_math(x, "auto"),
-                       "default_choice": ext.conv_bn_scale_auto_choice(x, w, b, "auto")}
+            g = ext.conv_bn_scale_guard(x, w, b, "auto", *bn)
+            default = {"default_math": g["math"], "default_choice": g["choice"], "default_predicted": g["predicted"]}
             if time:
                 default["default_ms"] = _time_auto(ext, model, x, scale, "auto", out, variant=f"{case.name}/auto",
                                                    **timed)
             for math_ in maths:
-                guard = {"choice": ext.conv_bn_scale_auto_choice(x, w, b, math_),
-                         "guard_kappa_max": ext.guard_kappa_max(ext.conv_bn_scale_math(x, math_))}
+                g = ext.conv_bn_scale_guard(x, w, b, math_, *bn)
+                cpu = guard_prediction(x, w, g["math"], *bn[:2], eps=bn[2], scale=scale, moments=moments)
+                guard = {"choice": g["choice"], "guard_predicted": g["predicted"], "guard_allowed": g["allowed"],
+                         "guard_predicts": cpu["choice"], "predicted_cpu": cpu["predicted"]}
                 if time:
                     guard["auto_ms"] = _time_auto(ext, model, x, scale, math_, out,
                                                   variant=f"{case.name}/auto_{math_}", **timed)
@@ -349,7 +429,7 @@ def error_vs_kappa(mod, cases: Iterable[Case] | Mapping[str, tuple], maths: Sequ
                         "case": case.name, "input": case.input, "filters": case.filters, "n": int(x.shape[0]),
                         "strategy": strategy, "math": math_, **guard, **default,
                         "kappa_max": float(kap.max()), "kappa_pivot_max": float(kap_p.max()),
-                        "guard_predicts": "inplace" if float(kap_p.max()) > guard["guard_kappa_max"] else "moments",
+                        "rho_pivot_max": float(rho_p.max()), "rho_pivot_rms": float(rho_p.square().mean().sqrt()),
                         "rel_err": r["rel_err"], "max_abs_err": r["max_abs_err"], "unwritten": r["unwritten"],
                         "passed": r["passed"], "eager_rel_err": e["rel_err"],
                         "ratio_to_eager": r["rel_err"] / e["rel_err"] if e["rel_err"] > 0 else float("inf"),
@@ -357,7 +437,8 @@ def error_vs_kappa(mod, cases: Iterable[Case] | Mapping[str, tuple], maths: Sequ
                         "var_err": float(v_err.max()), "eager_var_err": float(e_var.max()),
                         "mean_err_sigma": float(m_err.max()), "eager_mean_err_sigma": float(e_mean.max()),
                         "batches_counted": int(m.bn.num_batches_tracked),
-                        "kappa_c": kap.tolist(), "kappa_pivot_c": kap_p.tolist(), "var_err_c": v_err.tolist(),
+                        "kappa_c": kap.tolist(), "kappa_pivot_c": kap_p.tolist(), "rho_pivot_c": rho_p.tolist(),
+                        "var_err_c": v_err.tolist(),
                         "eager_var_err_c": e_var.tolist()})
         del y64, out, ref
     return pd.DataFrame(rows)
@@ -383,29 +464,76 @@ def implied_u(df, kappa_min: float = 10.0):
     return pd.DataFrame(out).T
 
 
-NATURAL_COLUMNS = {"kappa_pivot_max": "κ", "default_choice": "path", "default_ms": "ms", "default_rel_err": "error",
-                   "eager_rel_err": "eager", "moments_fp32_rel_err": "moments FFMA",
-                   "moments_3xtf32_rel_err": "moments 3xTF32"}
+def _rms(values) -> float:
+    return float(np.sqrt(np.mean(np.square(np.asarray(values, dtype=np.float64)))))
 
 
-NATURAL_FORMATS = {"κ": "{:,.0f}", "ms": "time", **dict.fromkeys(list(NATURAL_COLUMNS.values())[3:], "err")}
+def calibrate(df, floor_rho: float = 1.2):
+    """The guard's model fitted to the moments' rows of ``error_vs_kappa``, per math of the sums: the floor (the
+    largest rms over channels of the variance error, in units of u, among cases whose rms ρ is below
+    ``floor_rho``), the spread (the largest √(rms δ² − floor²)/rms ρ, with the kernel's floor), the kernel's own
+    (``GUARD_MODEL``), and the largest ratio of a case's rms error to the kernel's model (≤ 1: every case covered).
+    The rms over channels, not the largest channel: the guard sums the channels' errors into the output's norm."""
+    import pandas as pd
+
+    out = {}
+    for math_, g in df[df["strategy"] == "moments"].groupby("math"):
+        d = np.array([_rms(v) for v in g["var_err_c"]]) / U
+        r = np.array([_rms(v) for v in g["rho_pivot_c"]])
+        fl, sp = GUARD_MODEL[math_]["floor"], GUARD_MODEL[math_]["spread"]
+        low = r < floor_rho
+        out[math_] = {"floor measured": float(d[low].max()) if low.any() else float("nan"),
+                      "spread measured": float((np.sqrt(np.maximum(d**2 - fl**2, 0.0)) / r).max()),
+                      "floor": fl, "spread": sp, "worst / model": float((d / np.sqrt(fl**2 + (sp * r) ** 2)).max()),
+                      "cases": len(g)}
+    return pd.DataFrame(out).T
+
+
+def verdicts(df):
+    """One row per case of ``error_vs_kappa``'s frame, for the default arithmetic (``default_math``): the path the
+    guard took, its predicted error and allowance, the guarded call's error, eager float32's, their ratio, the
+    moments forced (error and ratio), the guarded call's time, and whether the call is float32-accurate."""
+    import pandas as pd
+
+    rows = []
+    for case, g in df.groupby("case", sort=False):
+        g = g[g["math"] == g["default_math"].iloc[0]].set_index("strategy")
+        a, mo = g.loc["auto"], g.loc["moments"] if "moments" in g.index else None
+        rows.append({"case": case, "path": a["choice"], "predicted": a["guard_predicted"],
+                     "allowed": a["guard_allowed"], "error": a["rel_err"], "eager": a["eager_rel_err"],
+                     "ratio": a["ratio_to_eager"], "moments forced": np.nan if mo is None else mo["rel_err"],
+                     "forced ratio": np.nan if mo is None else mo["ratio_to_eager"],
+                     "ms": a.get("auto_ms", np.nan), "f32_accurate": bool(a["f32_accurate"])})
+    return pd.DataFrame(rows).set_index("case")
+
+
+NATURAL_COLUMNS = {"default_predicted": "predicted", "default_choice": "path",
+                   "default_ms": "ms", "default_rel_err": "error", "eager_rel_err": "eager",
+                   "moments_fp32_rel_err": "forced FFMA", "moments_3xtf32_rel_err": "forced 3xTF32"}
+
+
+NATURAL_FORMATS = {"ms": "time",
+                   **dict.fromkeys(["predicted", "error", "eager", "forced FFMA", "forced 3xTF32"], "err")}
+SHORT = {"kaiming_uniform": "P73's init", "sobel_x_one": "Sobel", "laplacian_one": "Laplacian",
+         "gabor_one": "Gabor", "random_normal": "random"}  # filter sets as the chapter names them
+NATURAL_FILTERS = ("kaiming_uniform", "sobel_x_one", "laplacian_one", "gabor_one", "random_normal")
 
 
 def natural_table(nat: dict):
-    """``chapter_check``'s rows as the chapter shows them: one row per filter set, short column names."""
+    """``chapter_check``'s rows as the chapter shows them: one row per filter set, short column names (a column a
+    record does not hold shows as missing)."""
     import pandas as pd
 
-    short = {"kaiming_uniform": "P73's init", "sobel_x_one": "Sobel", "laplacian_one": "Laplacian"}
-    df = pd.DataFrame(nat["rows"]).set_index("filters")[list(NATURAL_COLUMNS)].rename(columns=NATURAL_COLUMNS)
-    return df.rename(index=lambda f: short.get(f, f))
+    df = pd.DataFrame(nat["rows"]).set_index("filters").reindex(columns=list(NATURAL_COLUMNS))
+    return df.rename(columns=NATURAL_COLUMNS).rename(index=lambda f: SHORT.get(f, f))
 
 
-def chapter_check(mod, filters: Sequence[str] = ("kaiming_uniform", "sobel_x_one", "laplacian_one"), n: int = 128,
-                  seed: int = 0, rep: int = 20) -> dict:
+def chapter_check(mod, filters: Sequence[str] = NATURAL_FILTERS, n: int = 128, seed: int = 0, rep: int = 20) -> dict:
     """The capstone's natural-image check: a batch of ``n`` natural-image crops (``natural_batch``) through each
     filter set of ``filter_sets``, the moments forced on both arithmetics (their variance error against κ about
-    the pivot) and the default call (its path, error against eager float32's, time). JSON-ready: ``rows``, one
-    per filter set, and ``u_eff``, per math the largest variance error per unit of κ (channels with κ ≥ 10)."""
+    the pivot) and the default call (its path, the guard's predicted error and allowance, its error against eager
+    float32's, time). JSON-ready: ``rows``, one per filter set, and ``u_eff``, per math the largest variance error
+    per unit of κ (channels with κ ≥ 10)."""
     sets = filter_sets(seed)
     x = natural_batch(n, seed, device="cuda")
     cases = [Case(f, x, *sets[f], input="natural", filters=f) for f in filters]
@@ -416,33 +544,50 @@ def chapter_check(mod, filters: Sequence[str] = ("kaiming_uniform", "sobel_x_one
     rows = []
     for (f, g), (_, d) in zip(df.groupby("filters", sort=False), default.iterrows(), strict=True):
         rows.append({"filters": f, "kappa_pivot_max": d["kappa_pivot_max"], "kappa_max": d["kappa_max"],
-                     "default_math": d["default_math"], "default_choice": d["default_choice"],
-                     "default_ms": d["default_ms"], "default_rel_err": d["rel_err"],
-                     "default_max_abs_err": d["max_abs_err"],
+                     "rho_pivot_rms": d["rho_pivot_rms"], "default_math": d["default_math"],
+                     "default_choice": d["default_choice"], "default_predicted": d["default_predicted"],
+                     "default_allowed": d["guard_allowed"], "default_ms": d["default_ms"],
+                     "default_rel_err": d["rel_err"], "default_max_abs_err": d["max_abs_err"],
                      "eager_rel_err": d["eager_rel_err"],
                      **{f"moments_{r['math']}_rel_err": r["rel_err"] for _, r in g.iterrows()}})
     return {"n": n, "rows": rows, "u_eff": {m: float(u.loc[m, "u_eff (kappa_pivot_c)"]) for m in u.index}}
 
 
-def chapter_glue(nat: dict, kappa_threshold: float) -> dict:
-    """The numbers the capstone's prose quotes from ``chapter_check``'s record (``nat``): batch size, largest κ,
-    the default's paths in words, worst errors, and u_eff per math in units of 2⁻²⁴."""
-    from ..harness.check import FP32_UNIT_ROUNDOFF as U
+def _listed(names: Sequence[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
+
+def chapter_glue(nat: dict) -> dict:
+    """The numbers the capstone's prose quotes from ``chapter_check``'s record (``nat``): batch size, largest κ,
+    the default's paths in words, its error's largest ratio to eager float32's (over all filter sets, and where it
+    took the moments), worst errors, the guard's allowance, and u_eff per math in units of 2⁻²⁴."""
     rows = nat["rows"]
-    paths = [r["default_choice"] for r in rows]
-    if len(set(paths)) == 1:
-        words = f"the {'in-place path' if paths[0] == 'inplace' else 'moments'} for every filter set"
-    else:
-        words = "; ".join(f"{'in place' if p == 'inplace' else 'the moments'} for {r['filters']}"
-                          for r, p in zip(rows, paths, strict=True))
+    by_path = {p: [SHORT.get(r["filters"], r["filters"]) for r in rows if r["default_choice"] == p]
+               for p in ("moments", "inplace")}
+    words = "; ".join(f"{'the moments' if p == 'moments' else 'the in-place path'} for {_listed(names)}"
+                      for p, names in by_path.items() if names)
+    ratio = {p: max((r["default_rel_err"] / r["eager_rel_err"] for r in rows if p in (None, r["default_choice"])),
+                    default=float("nan")) for p in (None, "moments")}
     return {"nat_n": int(nat.get("n", 128)), "nat_kappa_max": max(r["kappa_pivot_max"] for r in rows),
             "nat_paths": words, "nat_worst": max(r["default_rel_err"] for r in rows),
             "nat_eager": max(r["eager_rel_err"] for r in rows),
+            "nat_ratio": ratio[None], "nat_ratio_moments": ratio["moments"],
+            "nat_allowed": rows[0].get("default_allowed", float("nan")),
             "nat_tc_worst": max(r.get("moments_3xtf32_rel_err", float("nan")) for r in rows),
             "nat_tc_vs_tol": "within the" if max(r["moments_3xtf32_rel_err"] for r in rows) <= TOL else "beyond the",
-            "nat_threshold": kappa_threshold,
             "u_eff_tc": nat["u_eff"].get("3xtf32", float("nan")) / U, "u_eff_ffma": nat["u_eff"]["fp32"] / U}
+
+
+def guard_glue(guard: dict, math_: str) -> dict:
+    """The guard's numbers the capstone's prose quotes: its model for the sums in ``math_`` and by FFMA
+    (``GUARD_MODEL``), the allowance at P73's 72 patch values, and from the record (``guard``) the predicted
+    error on the ill-conditioned check and on P73 (missing from a record made before the guard kept them: NaN)."""
+    nan = float("nan")
+    return {"g_floor": GUARD_MODEL[math_]["floor"], "g_spread": GUARD_MODEL[math_]["spread"],
+            "g_floor_ffma": GUARD_MODEL["fp32"]["floor"], "g_spread_ffma": GUARD_MODEL["fp32"]["spread"],
+            "g_allowed": guard_allowance(8), "g_ill_predicted": guard.get("ill_predicted", nan),
+            "g_p73_predicted": guard.get("p73_predicted", nan)}
 
 
 def natural_check(nat: dict, tol: float) -> dict:
@@ -465,3 +610,119 @@ def emulate_moments(x: torch.Tensor, w: torch.Tensor, pivot: bool = True, band: 
     gram = sum((b.T @ b).double() for b in pt.split(band))  # bands merged in double
     mean = sum(b.sum(0).double() for b in pt.split(band)) / len(pt)
     return kappa(x, w, "kernel"), ((gram / len(pt) - torch.outer(mean, mean)) @ wr.T * wr.T).sum(0)
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+
+def _plain(o):
+    """JSON-safe: numpy/torch scalars to Python, non-finite floats to None."""
+    if isinstance(o, dict):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    if hasattr(o, "item") and not isinstance(o, (str, bytes)):
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The study on a GPU: every section of ``study_sections`` (most telling first) through ``error_vs_kappa``
+    (fp32 and 3xTF32 sums; auto, moments and in place), the JSON rewritten after each section so that a run cut
+    short keeps what it measured, then ``verdicts``, ``calibrate`` and ``implied_u`` printed."""
+    import argparse
+    import json
+    import time as clock
+
+    import pandas as pd
+
+    ap = argparse.ArgumentParser(prog="python -m kernelbook.models.guard_study", description=main.__doc__)
+    ap.add_argument("--out", required=True, type=Path, help="the JSON file to write")
+    ap.add_argument("--batches", default="128,16", help="batch sizes of the natural-image sections")
+    ap.add_argument("--budget-s", type=float, default=110.0,
+                    help="skip the sections left once this many seconds of measuring (after the build) have passed")
+    ap.add_argument("--rep", type=int, default=20, help="ms of timed calls per timing (kb.timing.bench's rep)")
+    ap.add_argument("--no-time", action="store_true", help="do not time the guarded call")
+    args = ap.parse_args(argv)
+    t0 = clock.perf_counter()
+    natural = True
+    try:
+        skimage_data_dir()
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        print(f"guard_study: natural images left out: {e}", flush=True)
+        natural = False
+    sections = study_sections(batches=tuple(int(b) for b in args.batches.split(",")), natural=natural)
+    print(f"guard_study: {sum(len(v) for v in sections.values())} cases in {len(sections)} sections prepared "
+          f"({clock.perf_counter() - t0:.1f} s)", flush=True)
+    if not torch.cuda.is_available():
+        print("guard_study: no CUDA GPU is visible; the study measures the fused kernels on one", flush=True)
+        return 2
+    from ..harness import build, records
+
+    t_build = clock.perf_counter()
+    mod = build.load("conv_bn_scale")
+    rec = records.new("guard_study", kernels=["conv_bn_scale"])
+    meta = {"provenance": rec["provenance"], "build_s": clock.perf_counter() - t_build, "args": vars(args),
+            "natural_images": natural, "guard_model": {m: mod.raw.guard_model(m) for m in ("fp32", "3xtf32")},
+            "default_math": mod.raw.conv_bn_scale_math(sections["p73"][0].x[:1].cuda(), "auto"), "tol": TOL,
+            "sections": {k: [c.name for c in v] for k, v in sections.items()}, "section_s": {}, "skipped": [],
+            "errors": {}}
+    meta["args"]["out"] = str(args.out)
+    print(f"guard_study: built in {meta['build_s']:.0f} s on {rec['provenance']['gpu']}; default math "
+          f"{meta['default_math']}", flush=True)
+    frames: list = []
+
+    def save():
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        doc = {**meta, "elapsed_s": clock.perf_counter() - t0, "rows": df.to_dict("records")}
+        if frames:
+            doc |= {"implied_u": implied_u(df).to_dict("index"), "calibration": calibrate(df).to_dict("index"),
+                    "verdicts": verdicts(df).reset_index().to_dict("records")}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(_plain(doc), allow_nan=False))
+        return df
+
+    t_measure = clock.perf_counter()
+    for name, cases in sections.items():
+        if clock.perf_counter() - t_measure > args.budget_s:
+            meta["skipped"].append(name)
+            print(f"guard_study: budget spent, section {name!r} skipped", flush=True)
+            continue
+        ts = clock.perf_counter()
+        for case in cases:
+            try:
+                frames.append(error_vs_kappa(mod, [case], strategies=("auto", "moments", "inplace"),
+                                             time=not args.no_time, rep=args.rep))
+            except RuntimeError as e:  # one case's failure (a refused input, memory) is recorded, not fatal
+                meta["errors"][case.name] = str(e).splitlines()[0]
+                print(f"guard_study: {case.name}: {meta['errors'][case.name]}", flush=True)
+            torch.cuda.empty_cache()
+        meta["section_s"][name] = clock.perf_counter() - ts
+        save()
+        print(f"guard_study: section {name!r}: {len(cases)} cases in {meta['section_s'][name]:.1f} s", flush=True)
+    df = save()
+    if df.empty:
+        print("guard_study: nothing measured", flush=True)
+        return 1
+    with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500,
+                           "display.float_format", "{:.3g}".format):
+        v = verdicts(df)
+        print(v.to_string())
+        print("\nthe guard's model against the measured variance errors (rms over channels, units of u):")
+        print(calibrate(df).to_string())
+        bad = v[~v["f32_accurate"]]
+        print(f"\ndefault path not float32-accurate (> 2× eager) in {len(bad)} of {len(v)} cases"
+              + (":\n" + bad.to_string() if len(bad) else ""))
+        cpu = df[df["choice"] != df["guard_predicts"]]
+        print(f"kernel's choice differs from the CPU prediction in {len(cpu)} rows"
+              + (":\n" + cpu[["case", "math", "choice", "guard_predicted", "predicted_cpu"]].to_string()
+                 if len(cpu) else ""))
+    print(f"guard_study: wrote {args.out} in {clock.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
