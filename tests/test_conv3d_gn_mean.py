@@ -462,3 +462,82 @@ def test_the_numpy_emulation_plans_slabs_as_the_kernel_does():
         for limit in (232_448, 166_912, 101_376, 65_536):
             want = mod.plan(*shape, limit)["depths_per_slab"]
             assert emu.slab(*shape, limit) == want, (shape, limit)
+
+
+# ------------------------------------------------------------------------------ the chapter's tables, on the CPU
+
+
+def test_eager_passes_list_every_kernel_eager_ran():
+    """The traffic table is the profile's kernels as passes over memory: the bias add is one of them."""
+    import pandas as pd
+
+    rec = kb.records.load("08_capstone_conv3d_groupnorm_mean", "h200")
+    prof = pd.DataFrame(rec["kernels"])
+    t = gn_mean.eager_passes(prof, kb.roofline.p27_fused())
+    ran = prof[prof.variant == "eager"]
+    assert t["µs"].iloc[:-2].sum() == pytest.approx(ran.total_us.sum())
+    assert "bias add" in t.index and not t.index.str.contains("not modelled").any()
+    y = 4 * 1024 * 16 * 13 * 29 * 29  # bytes of the conv output
+    assert t.loc["conv3d (cuDNN), no bias", "bytes written"] == y
+    assert t.loc["bias add", "bytes read"] >= y and t.loc["bias add", "bytes written"] == y
+    total = t.loc["eager, all kernels"]
+    assert total["bytes read"] + total["bytes written"] > 9 * y  # conv write, 4 read+write passes, 2 reads
+    odd = pd.DataFrame([{"variant": "eager", "kernel": "void some_new_kernel<float>(int)", "total_us": 3.0}])
+    assert "some_new_kernel<float> (not modelled)" in gn_mean.eager_passes(odd, kb.roofline.p27_fused()).index
+
+
+def test_the_ladder_tells_each_step_with_the_records_numbers():
+    rec = {"timings_ms": {v: {"median": m} for v, m in (("eager", 12.0), ("compile", 10.0), ("compile_max", 10.0),
+                                                          ("tail_fused", 10.8), ("ours", 2.0), ("ours_kd2", 2.4),
+                                                          ("ours_kd4", 3.0), ("ours_tc", 1.5))}}
+    rows = {r["version"]: r for r in gn_mean.ladder(rec, floor_ms=1.0)}
+    assert all("{" not in r["what changed"] for r in rows.values())
+    assert "1.20× eager" in rows["torch.compile"]["what changed"]
+    assert "1.20× v3's time" in rows["v3, filter depths unrolled 2×"]["what changed"]
+    assert not any("cudnn.benchmark" in v for v in rows)  # an optional peer the record lacks is left out
+    rec["timings_ms"]["cudnn_bench"] = {"median": 11.0}
+    assert any("cudnn.benchmark" in r["version"] for r in gn_mean.ladder(rec, floor_ms=1.0))
+
+
+def test_peers_missing_from_a_record_say_so():
+    rec = kb.records.load("08_capstone_conv3d_groupnorm_mean", "h200")
+    said = gn_mean.peer_said(rec)
+    t = dict(rec["timings_ms"])
+    if "cudnn_bench" not in t:
+        assert "not in this record" in said["bench_said"]
+    names = ["eager", "ours", "cudnn_bench", "cutlass_conv3d"]
+    tab = gn_mean.variants_table(rec, names, 6.9e10, 1.0)
+    assert list(tab.index) == names
+    for n in names[2:]:
+        assert (n in t) == (tab.loc[n, "math"] != "not in this record")
+    t["cudnn_bench"] = t["cutlass_conv3d"] = {"median": 5.0, "q20": 5.0, "q80": 5.0}
+    errs = dict(rec["variant_errors"], cutlass_conv3d={"rel_err": 1e-7}, conv_only={"rel_err": 1e-7})
+    said = gn_mean.peer_said(dict(rec, timings_ms=t, variant_errors=errs))
+    assert "not in this record" not in said["bench_said"] + said["cutlass_said"]
+    assert "5.00 ms at an error of 1.0e-07" in said["cutlass_said"]
+
+
+def test_cutlass_operands_pad_the_channels_to_four():
+    m = gn_mean.model(seed=0, device="cpu")
+    x = torch.rand(2, 3, 6, 7, 8)
+    xp, wp, b = gn_mean.cutlass_operands(m, x)
+    assert xp.shape == (2, 4, 6, 7, 8) and wp.shape == (16, 4, 4, 4, 4) and b.shape == (16,)
+    assert xp.is_contiguous(memory_format=torch.channels_last_3d) and (xp[:, 3] == 0).all()
+    ref = F.conv3d(x.double(), m.conv.weight.double(), m.conv.bias.double())
+    torch.testing.assert_close(F.conv3d(xp.double(), wp.double(), b.double()), ref)  # the zero channel adds 0
+
+
+def test_figure_of_the_block_is_drawn_at_the_column_width_with_legible_text():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kb.plots.style()
+    rec = kb.records.load("08_capstone_conv3d_groupnorm_mean", "h200")
+    dz = gn_mean.design(rec["config"], 16, (13, 29, 29))
+    fig = gn_mean.draw_block(dz, rec["plans"]["H100/H200 (sm_90)"], (13, 29, 29), 3, 32, 4, 232448)
+    assert fig.get_size_inches()[0] <= 6.3 + 1e-9  # shown unscaled in the text column
+    sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_text()]
+    assert sizes and min(sizes) >= 9
+    plt.close(fig)

@@ -1,4 +1,5 @@
-"""The 3xTF32 tensor-core matrix product: float32-accurate against float64, plain TF32 visibly not."""
+"""The 3xTF32 tensor-core matrix product: float32-accurate against float64, plain TF32 visibly not (GPU tests,
+marked ``gpu``); and, on the CPU, the split's derived error bound and the chapter's tables of ceilings and stalls."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import torch
 
 import kernelbook as kb
 from kernelbook import check
-
-pytestmark = pytest.mark.gpu
 
 SHAPES = [(256, 256, 256), (130, 132, 36), (1, 4, 4), (37, 12, 20), (129, 260, 1028), (4096, 64, 72), (5, 8, 0)]
 
@@ -27,6 +26,7 @@ def _ref(a, b):
 VERSIONS = [1, 2, 3, 4, 5]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("m, n, k", SHAPES)
 def test_3xtf32_matches_float64_like_float32(mod, m, n, k, version):
@@ -42,6 +42,7 @@ def test_3xtf32_matches_float64_like_float32(mod, m, n, k, version):
         assert check.report(out, ref, tol=1.0)["rel_err"] <= 2 * fp32 + 1e-7, (version, fp32)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("version", VERSIONS)
 def test_plain_tf32_every_version(mod, version):
     a = check.rand([300, 200], seed=11, device="cuda", low=-1, high=1)
@@ -51,6 +52,7 @@ def test_plain_tf32_every_version(mod, version):
     assert 1e-5 < e1 < 1e-2, e1  # TF32's rounding, and no more
 
 
+@pytest.mark.gpu
 def test_versions_agree_where_they_should(mod):
     """Versions 2-5 add the same products in the same order per step: the same numbers."""
     a = check.rand([257, 136], seed=5, device="cuda", low=-1, high=1)
@@ -60,6 +62,7 @@ def test_versions_agree_where_they_should(mod):
         assert torch.equal(o, outs[0])
 
 
+@pytest.mark.gpu
 def test_mma_peak_runs_and_is_deterministic(mod):
     cfg = mod.peak_config()
     assert cfg == {"threads": 256, "chains": 8, "macs_per_mma": 1024}
@@ -71,6 +74,7 @@ def test_mma_peak_runs_and_is_deterministic(mod):
         mod.mma_peak(0, 16, torch.device("cuda"))
 
 
+@pytest.mark.gpu
 def test_plain_tf32_is_visibly_less_accurate(mod):
     a = check.rand([512, 512], seed=1, device="cuda", low=-1, high=1)
     b = check.rand([512, 512], seed=2, device="cuda", low=-1, high=1)
@@ -80,6 +84,7 @@ def test_plain_tf32_is_visibly_less_accurate(mod):
     assert e1 > 1e-5 and e3 < 1e-6 and e1 > 50 * e3, (e1, e3)
 
 
+@pytest.mark.gpu
 def test_shifted_inputs_stay_float32_accurate(mod):
     """Operands far from zero: the split's lo part carries the digits TF32 drops."""
     a = check.rand([256, 128], seed=3, device="cuda", low=999, high=1001)
@@ -89,6 +94,7 @@ def test_shifted_inputs_stay_float32_accurate(mod):
     check.assert_close(mod.gemm_tf32(a, b, 3), ref, tol=tol, what="3xTF32 shifted")
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("make, message", [
     (lambda: (torch.ones(8, 6, device="cuda"), torch.ones(6, 8, device="cuda")), "multiples of 4"),
     (lambda: (torch.ones(8, 8, device="cuda"), torch.ones(4, 8, device="cuda")), "inner sizes differ"),
@@ -104,6 +110,7 @@ def test_bad_input_is_named(mod, make, message):
         mod.gemm_tf32(a, b, 3)
 
 
+@pytest.mark.gpu
 def test_bad_version_and_the_chapters_bad_inputs(mod):
     a = torch.ones(8, 8, device="cuda")
     with pytest.raises(RuntimeError, match="version must be"):
@@ -114,6 +121,7 @@ def test_bad_version_and_the_chapters_bad_inputs(mod):
     assert all(m != "accepted" for m in said.values()), said
 
 
+@pytest.mark.gpu
 def test_float32_accurate_by_the_definition_on_shifted_and_wide_range_inputs(mod):
     """Versions 2-5 on the definition's inputs (the method chapter): with A shifted by 1000 and with magnitudes
     spanning 2^-60 … 2^60, within twice cuBLAS's float32 error. Products that cancel, and CUTLASS's 3xTF32 (its big
@@ -123,3 +131,73 @@ def test_float32_accurate_by_the_definition_on_shifted_and_wide_range_inputs(mod
     assert all(0 < r["error"] < 1e-3 for r in rows), rows
     held = [r for r in rows if r["input"] != "products that cancel" and r["path"] != "CUTLASS 3xTF32"]
     assert len(held) == 8 and all(r["ratio"] <= 2 for r in held), held
+
+
+# ------------------------------------------------------------------------------------ on the CPU: the chapter's model
+
+def test_truncation_clears_the_low_bits_and_rounding_rounds():
+    x = torch.tensor([1 + 2**-11 + 2**-13, -(1 + 2**-11 + 2**-13), 3.0])
+    t = kb.tensorcore.truncate_tf32(x)
+    assert t[0].item() == 1.0 and t[1].item() == -1.0 and t[2].item() == 3.0  # toward zero
+    assert kb.tensorcore.to_tf32(x)[0].item() == 1 + 2**-10  # nearest: up
+    with pytest.raises(TypeError):
+        kb.tensorcore.truncate_tf32(x.double())
+
+
+def test_the_split_bound_as_derived_and_as_observed():
+    tc, u2 = kb.tensorcore, 2.0**-22
+    assert tc.split_bound() == 2 * u2 and tc.split_bound(1) == 2.5 * u2 and tc.split_bound(2) == 3 * u2
+    with pytest.raises(ValueError):
+        tc.split_bound(3)
+    got = tc.split_check(n=1 << 16, seed=1)
+    worst = got.drop(columns="bound").max(axis=1)
+    assert (worst <= got["bound"]).all()
+    assert worst.iloc[0] > 1.8  # just above a power of two the bound is nearly reached
+    assert (got.drop(columns="bound") <= 2.0).all().all()  # float32 inputs: truncating drops one bit at most
+
+
+def _stall_rows(variants=("mma_peak", "v2_3xtf32", "v5_3xtf32")):
+    tc = kb.tensorcore
+    return [{"variant": v, "kernel": "k", "metric": tc.STALL.format(s), "unit": "", "value": float(i + j)}
+            for j, v in enumerate(variants) for i, s in enumerate(tc.STALLS)]
+
+
+def test_stall_table_and_its_sentence():
+    tc = kb.tensorcore
+    st = tc.stall_table(_stall_rows(), top=4)
+    assert list(st.columns) == ["v2", "v5"] and len(st) == 4
+    assert st.index[0] == tc.STALLS[-1]  # largest first
+    said = tc.stall_said(st)
+    assert "version 2" in said and "version 5" in said and "not_selected" not in said
+    empty = tc.stall_table([])
+    assert empty.empty and "not in this record" in tc.stall_said(empty)
+
+
+def test_ceilings_table_names_instruction_and_clock():
+    import pandas as pd
+
+    tc = kb.tensorcore
+    ch3 = {"variants": {"ffma_ours": {"counts": {"flop": 6.5e13}}}, "timings_ms": {"ffma_ours": {"median": 1000.0}},
+           "ffma_clock": {"kernel GHz (median over blocks)": 1.98}}
+    t_ceil = pd.DataFrame({"TFLOP/s": {"eager_fp32": 51.0, "eager_tf32": 356.0, "mma_peak": 309.0,
+                                       "mma_ceiling": 322.0}})
+    table, glue, ffma, mma3 = tc.ceilings_table(ch3, t_ceil, {"mma_clock_ghz": 1.8})
+    assert list(table["instruction"]) == ["FFMA", "FFMA", "wgmma", "mma.sync", "mma.sync"]
+    assert table["SM GHz"].iloc[0] == "1.98 (own)" and table["SM GHz"].iloc[-1] == "1.80 (own)"
+    assert (table["SM GHz"].iloc[1:4] == "not in this record").all()
+    assert ffma == pytest.approx(65.0) and mma3 == pytest.approx(322.0 / 3) and glue["mma_clock_ghz"] == 1.8
+    rec = {"mma_clock_ghz": 1.8, "ceiling_clocks_ghz": {"eager_fp32": 1.9, "eager_tf32": 1.7, "mma_peak": 1.8}}
+    table, *_ = tc.ceilings_table(ch3, t_ceil, rec)
+    assert list(table["SM GHz"].iloc[1:4]) == ["1.90 (after)", "1.70 (after)", "1.80 (after)"]
+
+
+def test_the_recorded_counters_give_the_chapters_numbers():
+    """The Profile's numbers from the record: version 2's instruction count caps it below the pipe's pace, and
+    it issues in far fewer slots than an issue-bound kernel would."""
+    tc = kb.tensorcore
+    rec = kb.records.load("06_tensor_cores", "h200")
+    which = ["mma_peak", "v2_3xtf32", "v5_3xtf32", "cublas_tf32"]
+    g = tc.ncu_glue(tc.ncu_table(rec["ncu"]), which)
+    assert g["cap_v2"] == pytest.approx(1e4 / (100 * g["ipm_v2"] / g["cycles"]))
+    assert g["cap_v2"] < 100 and g["issue_v2"] < 0.8 * g["cap_v2"]
+    assert tc.stall_table(rec.get("ncu_stalls", [])).shape[1] in (0, 2)

@@ -8,6 +8,7 @@ model of its pivot-shifted statistics, the Nsight Compute request for it, and it
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -138,6 +139,166 @@ def tail(ext, m: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = No
     return ext.p27_tail(y, gn.weight, gn.bias, gn.num_groups, gn.eps, out)
 
 
+# ---- the Measure section's variants
+
+CONV_ALONE = ("conv_only", "cutlass_conv3d")  # the convolution alone: its error is against float64's convolution
+
+
+@contextlib.contextmanager
+def cudnn_benchmark():
+    """``torch.backends.cudnn.benchmark`` on inside the block: cuDNN times its algorithms for each new shape
+    and keeps the fastest (the first call pays for the search); the setting comes back on exit."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def cutlass_operands(m: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """P27's convolution as CUTLASS's 3xTF32 conv3d takes it (kernels/cutlass_conv): input and filter in
+    channels_last_3d (NDHWC), input channels padded with zeros to a multiple of 4 (CUTLASS copies 16 bytes at a
+    time; the zero channel adds nothing to the sums), and the bias."""
+    pad, cl = -x.shape[1] % 4, torch.channels_last_3d
+    w = m.conv.weight.detach()
+    xp, wp = (F.pad(t, (0, 0, 0, 0, 0, 0, 0, pad)).contiguous(memory_format=cl) for t in (x, w))
+    return xp, wp, m.conv.bias.detach()
+
+
+def peers(ext, kd: Mapping[int, object], cutlass, m: torch.nn.Module, x: torch.Tensor, whole: Mapping,
+          conv_counts: Mapping, row: str) -> dict:
+    """The variants the Measure section times after ``eager`` and ``conv_only``, as ``kb.measure.Variant``s:
+    eager with TF32 off and with ``cudnn.benchmark`` (TF32 off), ``torch.compile`` (default and max-autotune),
+    the module in channels_last_3d, the tail-only design, ours by FFMA and on the tensor cores, ours with the
+    filter-depth loop unrolled (``kd``: unroll → built module), and CUTLASS's 3xTF32 conv3d of P27's
+    convolution alone (``cutlass``: the cutlass_conv module; input prepared by ``cutlass_operands``, untimed).
+    ``whole`` and ``conv_counts``: the FLOP and bytes of the problem and of its convolution."""
+    from ..harness.measure import Variant as V
+
+    compiled = torch.compile(m)
+    compiled_max = torch.compile(copy.deepcopy(m), mode="max-autotune")
+    cl3d = torch.channels_last_3d  # the layout cuDNN's fast 3-D convolutions want
+    m_cl, x_cl = (t.to(memory_format=cl3d) for t in (copy.deepcopy(m), x))
+    xp, wp, bias = cutlass_operands(m, x)
+
+    def bench() -> torch.Tensor:
+        with cudnn_benchmark():
+            return m(x)
+
+    return {"eager_fp32": V(lambda: m(x), "eager", counts=whole, tf32=False),
+            "cudnn_bench": V(bench, "eager", "cudnn.benchmark", counts=whole, tf32=False),
+            "compile": V(lambda: compiled(x), "compile", counts=whole, tf32=True, row=row),
+            "compile_fp32": V(lambda: compiled(x), "compile", counts=whole, tf32=False),
+            "compile_max": V(lambda: compiled_max(x), "compile", "max-autotune", counts=whole, tf32=True),
+            "eager_cl3d": V(lambda: m_cl(x_cl), "eager", "channels_last_3d", counts=whole, tf32=True),
+            "eager_cl3d_fp32": V(lambda: m_cl(x_cl), "eager", "channels_last_3d", counts=whole, tf32=False),
+            "tail_fused": V(lambda: tail(ext, m, x), "ours", "cuDNN conv, our tail", counts=whole, tf32=True),
+            "ours": V(lambda: fused(ext, m, x), "ours", counts=whole, role="headline", row=row),
+            "ours_tc": V(lambda: fused(ext, m, x, math="3xtf32"), "ours", math="3xtf32", counts=whole,
+                         role="control"),
+            **{f"ours_kd{u}": V(lambda e=e: fused(e, m, x), "ours", counts=whole, role="control")
+               for u, e in kd.items()},
+            "cutlass_conv3d": V(lambda: cutlass.cutlass_conv3d(xp, wp, bias), "cutlass",
+                                "conv3d alone, C padded to 4, channels_last_3d", "3xtf32", dict(conv_counts))}
+
+
+def variant_errors(variants: Mapping, m: torch.nn.Module, x: torch.Tensor, n: int = 32) -> dict[str, dict]:
+    """Each variant's error against float64 on the first ``n`` samples of the input it is timed on
+    (``kb.check.report``), under its TF32 setting: of the whole problem, or, for the variants in ``CONV_ALONE``,
+    of the convolution (bias included) against float64's."""
+    from ..harness import check, precision
+
+    ref, _ = reference64(m, x[:n])
+    w, b = m.conv.weight.detach().double(), m.conv.bias.detach().double()
+    out = {}
+    with torch.no_grad():
+        conv64 = F.conv3d(x[:n].double(), w, b)
+        for name, v in variants.items():
+            with precision.tf32(bool(v.tf32)):
+                out[name] = check.report(v.fn()[:n], conv64 if name in CONV_ALONE else ref, TOL)
+    return out
+
+
+def peer_said(rec: dict) -> dict[str, str]:
+    """What the Measure section says of the two library peers, as Markdown from the record, each its own
+    sentence: ``cudnn_bench`` (the module with ``cudnn.benchmark``, TF32 off) against eager in float32, and
+    CUTLASS's 3xTF32 conv3d against cuDNN's float32 convolution alone; either says it is not in this record
+    where the record lacks its time."""
+    t, e = rec["timings_ms"], rec.get("variant_errors", {})
+    ms = {k: v["median"] for k, v in t.items()}
+    said = {"bench_said": "`cudnn.benchmark` (cuDNN timing its algorithms first, TF32 off): not in this record.",
+            "cutlass_said": "CUTLASS's 3xTF32 conv3d on P27's convolution alone: not in this record."}
+    if "cudnn_bench" in ms:
+        said["bench_said"] = (f"With `cudnn.benchmark` on (cuDNN times its algorithms for this shape first; "
+                              f"TF32 off) eager takes {ms['cudnn_bench']:.2f} ms, against "
+                              f"{ms['eager_fp32']:.2f} ms without it.")
+    if "cutlass_conv3d" in ms:
+        err = e.get("cutlass_conv3d", {}).get("rel_err", float("nan"))
+        cudnn = e.get("conv_only", {}).get("rel_err", float("nan"))
+        said["cutlass_said"] = (
+            f"CUTLASS's float32-accurate tensor-core convolution, its 3xTF32 conv3d (input channels padded to "
+            f"4, channels_last_3d, prepared untimed), computes P27's convolution alone in "
+            f"{ms['cutlass_conv3d']:.2f} ms at an error of {err:.1e}, bias included; cuDNN's conv3d and its bias "
+            f"pass take {ms['conv_only']:.2f} ms ({cudnn:.1e}), and ours the whole problem {ms['ours']:.2f} ms.")
+    return said
+
+
+# Every pass eager P27 runs, by the kernel that runs it: (pass, regex for the kernel's name); the first match
+# names a kernel. cuDNN's convolution kernel writes the output without its bias; PyTorch adds it in a pass of its
+# own (read from the profile: the add kernel is there).
+EAGER_PASSES = [("conv3d (cuDNN), no bias", r"^(?!triton)(?=.*(?:conv(?!ert)|implicit|xmma|cutlass|fprop|gemm))"),
+                ("bias add", r"Functor_add"), ("HardSwish", r"hardswish"),
+                ("GroupNorm: statistics", r"RowwiseMoments"),
+                ("GroupNorm: scale, shift per channel", r"ComputeFusedParams"),
+                ("GroupNorm: the map", r"GroupNorm"), ("mean over (D, H, W)", r"MeanOps|reduce_kernel")]
+
+
+def pass_counts(name: str, problem=P27_CONV3D_GN_MEAN):
+    """The FLOP and least DRAM bytes (``roofline.Counts``) of one of ``EAGER_PASSES``, from P27's shapes: each
+    pass reads its inputs and writes its outputs once."""
+    from . import roofline as rl
+
+    p = rl.p27_parts(problem)
+    y, (n, c) = p["y"], p["y"][:2]
+    numel, g = math.prod(y), p["groups"]
+    return {"conv3d (cuDNN), no bias": rl.conv(p["x"], c, p["k"], bias=False),
+            "bias add": rl.Counts(numel, rl.F32 * (numel + c), rl.F32 * numel),
+            "HardSwish": rl.elementwise(numel, 3),
+            "GroupNorm: statistics": rl.statistics(y, g),
+            "GroupNorm: scale, shift per channel":  # mean, rstd per group; γ, β → a, b per channel
+            rl.Counts(3 * n * c, rl.F32 * (2 * n * g + 2 * c), rl.F32 * 2 * n * c),
+            "GroupNorm: the map": rl.Counts(2 * numel, rl.F32 * (numel + 2 * n * c), rl.F32 * numel),
+            "mean over (D, H, W)": rl.reduce_mean(y)}[name]
+
+
+def eager_passes(prof, fused_counts, variant: str = "eager"):
+    """Every kernel ``variant`` launched (``kb.profile.kernels``' table ``prof``), as the pass of
+    ``EAGER_PASSES`` it runs, with its FLOP and bytes and its measured µs; then eager's total and the fused
+    kernel's counts (``fused_counts``). A kernel no pattern names is listed too, with its time and "(not
+    modelled)": the table lists every kernel eager ran."""
+    import re
+
+    import pandas as pd
+
+    from ..harness.show import kernel_name
+    from . import roofline as rl
+
+    mine = prof[prof.variant == variant]
+    us: dict[str, float] = {}
+    for k, t in mine[["kernel", "total_us"]].itertuples(index=False):
+        name = next((n for n, pat in EAGER_PASSES if re.search(pat, k, re.I)), None)
+        name = name or f"{kernel_name(k, 40)} (not modelled)"  # listed with its time, no counts
+        us[name] = us.get(name, 0.0) + t
+    known = [n for n, _ in EAGER_PASSES if n in us]  # in the order eager runs them
+    rows = {n: {**pass_counts(n).row(), "µs": us[n]} for n in known}
+    rows |= {n: {"µs": t} for n, t in us.items() if n not in rows}
+    rows["eager, all kernels"] = {**rl.total(pass_counts(n) for n in known).row(), "µs": sum(us.values())}
+    rows["fused (statistics on chip)"] = fused_counts.row()
+    cols = ["µs", "FLOP", "bytes read", "bytes written", "FLOP/byte"]
+    return pd.DataFrame.from_dict(rows, orient="index")[cols].rename_axis("pass")
+
+
 def design(cfg: Mapping[str, int], c_out: int, out_shape: tuple[int, int, int]) -> dict:
     """The fused kernel's decomposition of one sample, from its constants (``ext.config()``):
     channel groups, work items, rounds of lanes, and the useful fraction of the FFMAs it issues."""
@@ -207,49 +368,60 @@ def stalls(nc: Mapping[str, float]) -> dict[str, float]:
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
 
-# The kernel's versions, in the order they were built, with what each changed and the variant that
-# times it (None: a version that was not timed, for the reason given); an "optional" peer is shown
-# where the record has it.
+# The kernel's versions, in the order they were built: each row says what changed, why, and what the
+# measurement (or the compiler's report) said next; the variant that times it (None: a version that was not
+# timed, for the reason given). An "optional" peer is shown where the record has it. In "changed", {vs_eager}
+# and {vs_ours} become the version's speed-up over eager and its time over the default kernel's, from the record.
 LADDER = [
     {"version": "eager PyTorch", "variant": "eager",
-     "changed": "the reference module: cuDNN's conv3d, a bias pass, HardSwish, GroupNorm (statistics, "
-                "then the map) and the mean, one kernel each"},
+     "changed": "The start: cuDNN's conv3d writes its output, then a bias pass, HardSwish, GroupNorm "
+                "(statistics, then the map) and the mean each read it again. Its profile says the "
+                "convolution kernel alone is most of the time, so fusing the rest can win little."},
     {"version": "torch.compile", "variant": "compile",
-     "changed": "Inductor fuses the bias, HardSwish, GroupNorm and the mean into two Triton kernels; "
-                "the convolution stays cuDNN's"},
+     "changed": "Inductor fuses the bias, HardSwish, GroupNorm and the mean into two Triton kernels; the "
+                "convolution stays cuDNN's. {vs_eager}× eager: the same convolution kernel still dominates."},
     {"version": "torch.compile, max-autotune", "variant": "compile_max",
-     "changed": "the same graph, with Inductor's autotuned configurations"},
+     "changed": "The same graph with Inductor's autotuned configurations: {vs_eager}× eager, since the "
+                "convolution is not Inductor's to tune."},
     {"version": "eager, channels_last_3d (TF32)", "variant": "eager_cl3d", "optional": True,
-     "changed": "the module and its input in channels_last_3d with TF32 allowed: cuDNN's fastest "
-                "convolution for P27, in TF32 (not float32-accurate)"},
+     "changed": "The module and its input in channels_last_3d, TF32 allowed: cuDNN's fastest convolution "
+                "for P27, {vs_eager}× eager, but in TF32, with TF32's error."},
+    {"version": "eager, cudnn.benchmark (float32)", "variant": "cudnn_bench", "optional": True,
+     "changed": "cudnn.benchmark on, TF32 off: cuDNN times its algorithms for this shape and keeps the "
+                "fastest: {vs_eager}× eager."},
     {"version": "tail fused", "variant": "tail_fused",
-     "changed": "cuDNN's conv3d, then one tail kernel of ours (pivot-shifted sums, the mean from "
-                "channel statistics): capped by Amdahl's law"},
+     "changed": "cuDNN's conv3d, then one tail kernel of ours (pivot-shifted sums, the mean from channel "
+                "statistics): {vs_eager}× eager, under Amdahl's cap. The convolution itself had to come "
+                "on chip."},
     {"version": "v1: the convolution on chip", "variant": None,
-     "changed": "one block per sample, the sample and the weights in shared memory, 8 channels × 8 "
-                "columns per thread and 16 running sums per thread: they spill at the 128 registers "
-                "512 threads allow, so it was not timed"},
+     "changed": "One block per sample, the sample and the weights in shared memory, 8 channels × 8 "
+                "columns per thread and 16 running sums per thread. The compiler's report showed spills at "
+                "the 128 registers 512 threads allow: not timed; the sums had to leave the registers."},
     {"version": "v2: warp reduce-scatter", "variant": None,
-     "changed": "the 16 item sums reduce-scattered over the warp, one running sum per lane: no "
-                "spills, but staging kept one load in flight per thread (the machine code shows it), "
-                "so it was not timed"},
+     "changed": "The 16 item sums reduce-scattered over the warp, one running sum per lane: no spills. "
+                "The machine code showed staging with one load in flight per thread, a round trip to DRAM "
+                "after another: not timed."},
     {"version": "v3: 8 loads in flight while staging", "variant": "ours",
-     "changed": "staging issues 8 loads per thread before their stores: the default kernel"},
+     "changed": "Staging issues 8 loads per thread before their stores: the default kernel, {vs_eager}× "
+                "eager. Its counters (Profile) point at issue slots and built-in waste, not memory."},
     {"version": "v3, filter depths unrolled 2×", "variant": "ours_kd2",
-     "changed": "the filter-depth loop unrolled twice (KB_P27_KD_UNROLL=2): fewer address and loop "
-                "instructions per FFMA, twice the code"},
+     "changed": "The filter-depth loop unrolled twice (KB_P27_KD_UNROLL=2), for fewer address and loop "
+                "instructions per FFMA: {vs_ours}× v3's time, so not kept."},
     {"version": "v3, filter depths unrolled 4×", "variant": "ours_kd4",
-     "changed": "the whole filter in one unrolled body (KB_P27_KD_UNROLL=4)"},
+     "changed": "The whole filter in one unrolled body (KB_P27_KD_UNROLL=4): {vs_ours}× v3's time; the "
+                "default keeps the loop rolled."},
     {"version": "v3 on the tensor cores (3xTF32)", "variant": "ours_tc",
-     "changed": "math='3xtf32': the convolution on mma.sync m16n8k8 with chapter 6's 3xTF32 split; "
-                "faster, less accurate than FFMA: an option, not the default"},
+     "changed": "math='3xtf32': the convolution on mma.sync m16n8k8 with the tensor-core chapter's 3xTF32 "
+                "split, {vs_ours}× v3's time but with more error than FFMA (the Check): an option, not "
+                "the default."},
 ]
 
 
 def ladder(rec: dict, floor_ms: float, path=None, floors: Mapping[str, float] | None = None) -> list[dict]:
     """The kernel's versions (``LADDER``, or a JSON list of the same at ``path``) with this record's
-    times, where a version was timed, the share of the FFMA floor ``floor_ms`` each reached, and the
-    share of its own floor (``floors``: variant → ms, for a path on other units; else the FFMA floor)."""
+    times, where a version was timed, the share of the FFMA floor ``floor_ms`` each reached, the share
+    of its own floor (``floors``: variant → ms, for a path on other units; else the FFMA floor), and what
+    changed, its ``{vs_eager}`` and ``{vs_ours}`` filled in from the record."""
     steps = json.loads(path.read_text()) if path else LADDER
     rows = []
     for s in steps:
@@ -258,9 +430,14 @@ def ladder(rec: dict, floor_ms: float, path=None, floors: Mapping[str, float] | 
             continue
         ms = rec["timings_ms"][v]["median"] if v else float("nan")
         own = (floors or {}).get(v, floor_ms)
+        said = s["changed"]
+        for token, ref in (("{vs_eager}", "eager"), ("{vs_ours}", "ours")):
+            if token in said and ref in rec["timings_ms"]:
+                t = rec["timings_ms"][ref]["median"]
+                said = said.replace(token, f"{(t / ms if ref == 'eager' else ms / t):.2f}")
         rows.append({"version": s["version"], "variant": v, "time (ms)": ms,
                      "% of FFMA peak": 100 * floor_ms / ms, "% of its floor": 100 * own / ms,
-                     "what changed": s["changed"]})
+                     "what changed": said})
     return rows
 
 
@@ -306,18 +483,23 @@ def floor_table(f: Mapping[str, float]):
 
 
 def variants_table(rec: dict, names: list[str], flop: float, floor_ms: float):
-    """Every timed variant (``kb.measure.results``): its median, the convolution's TFLOP/s, the share
-    of the FFMA peak's floor ``floor_ms`` (not for the tensor-core path), × eager, error vs float64."""
+    """Every variant in ``names`` (``kb.measure.results``): its median, the convolution's TFLOP/s, the share
+    of the FFMA peak's floor ``floor_ms`` (not for the tensor-core paths), × eager, error vs float64 (for
+    ``CONV_ALONE``, of the convolution); a variant the record lacks keeps its row, its math "not in this
+    record", its numbers empty."""
     import pandas as pd
 
     from ..harness.measure import results
 
-    t = results(rec, names).drop(columns=["GB/s", "q20 ms", "q80 ms"], errors="ignore")
+    have = [n for n in names if n in rec["timings_ms"]]
+    t = results(rec, have).drop(columns=["GB/s", "q20 ms", "q80 ms"], errors="ignore")
     ms = t["median ms"]
     t["TFLOP/s"] = flop / ms / 1e9                      # the convolution's FLOP
-    t["% of FFMA peak"] = (100 * floor_ms / ms).drop("ours_tc", errors="ignore")  # not FFMA
+    t["% of FFMA peak"] = (100 * floor_ms / ms).drop(["ours_tc", "cutlass_conv3d"], errors="ignore")
     t["× eager"] = ms["eager"] / ms
     t["error vs float64"] = pd.Series({k: e["rel_err"] for k, e in rec["variant_errors"].items()})
+    t = t.reindex(names)
+    t.loc[[n for n in names if n not in have], "math"] = "not in this record"
     return t
 
 
@@ -342,7 +524,8 @@ def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in
 
     _, ho, wo = out_shape
     cols, groups = dz["cols"], dz["groups"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(8.5, 4.3), width_ratios=[1.25, 1])
+    # 6.3 in at the style's 110 dpi is the page's text column: shown unscaled, every label stays ≥ 9 pt
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(6.3, 3.5), width_ratios=[1.3, 1])
     slot = np.arange(ho * dz["col_blocks"]) // 32  # items of depth 0, 32 per warp slot, in order
     grid = np.repeat(slot.reshape(ho, -1), cols, axis=1).astype(float)
     grid[:, wo:] = np.nan                          # computed, then masked out
@@ -358,10 +541,10 @@ def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in
         rows = np.flatnonzero((slot.reshape(ho, -1) == s_).any(axis=1))
         handles.append(Patch(color=colours[s_], label=f"warp {s_ * groups}: rows {rows[0]}–{rows[-1]}"))
     handles.append(Patch(fill=False, hatch="///", color=plots.CEILING, label="computed, discarded"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, fontsize=9,
-              handlelength=1.2, columnspacing=1.0)
-    ax.set(xlabel=f"output column (items of {cols} columns)", ylabel="output row",
-           title=f"Depth 0, channels 0–{dz['co_t'] - 1}: which warp")
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.45, -0.2), ncol=2, fontsize=9,
+              handlelength=1.2)
+    ax.set(xlabel=f"output column ({cols} per item)", ylabel="output row")
+    ax.set_title(f"Depth 0, channels 0–{dz['co_t'] - 1}: which warp", fontsize=10)
     planes, pitch = plan["depths_per_slab"] + 3, plan["row_pitch"]
     wt = c_in * k**3 * dz["co_t"] * groups * 4
     inp = c_in * planes * h * pitch * 4
@@ -374,12 +557,15 @@ def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in
         left += size
     bx.axvline(smem_limit / 1024, color="black", ls=":")
     handles.append(plt.Line2D([], [], color="black", ls=":", label=f"limit: {smem_limit / 1024:,.0f} KiB"))
-    bx.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.17), fontsize=9,
+    bx.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=9,
               handlelength=1.2)
-    bx.set(ylim=(-0.6, 0.6), yticks=[], xlabel="shared memory per block (KiB)",
-           title="What one block stages")
+    bx.set(ylim=(-0.6, 0.6), yticks=[], xlabel="shared memory (KiB)")
+    bx.set_title("What one block stages", fontsize=10)
+    for a in (ax, bx):
+        a.tick_params(labelsize=9)
+        a.xaxis.label.set_size(9), a.yaxis.label.set_size(9)
     fig.tight_layout()
-    fig.subplots_adjust(bottom=0.38)  # room for the legends below the axes
+    fig.subplots_adjust(bottom=0.38, wspace=0.12)  # room for the legends below the axes
     return fig
 
 

@@ -70,11 +70,74 @@ def product_errors(ks, trials: int = 64, seed: int = 0, shift: float = 0.0):
     return pd.DataFrame(rows).set_index("k")
 
 
-def split_bound() -> float:
-    """The split's worst relative error per product, to first order: |lo_a·lo_b| (dropped) and the
-    rounding of lo_a and lo_b to TF32, each at most 2^-11 of 2^-11 of |a·b| — 3 · 2^-22 ≈ 7.2e-7,
-    against float32's own rounding of a product, 2^-24 ≈ 6.0e-8."""
-    return 3 * TF32_UNIT_ROUNDOFF ** 2
+def truncate_tf32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (float32) with its low 13 mantissa bits cleared: what a tensor core does to an operand's raw float32
+    bits (the chapter's probe shows it), a truncation toward zero."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"truncate_tf32 takes float32, got {x.dtype}")
+    return (x.contiguous().view(torch.int32) & ~((1 << DROPPED) - 1)).view(torch.float32)
+
+
+def split_bound(truncated: int = 0) -> float:
+    """The split's worst relative error per product, to first order, as the chapter derives it: with
+    u = 2^-11, |r_a·r_b| ≤ u²|ab| (the dropped product of the remainders r = a − hi) plus, for each lo,
+    its own rounding error times the other operand's hi: at most half an ulp of lo, u²/2 of |ab|, when lo
+    is rounded to nearest, and less than a whole ulp, u², when it is truncated. ``truncated``: how many of
+    the two lo parts are truncated — 0: 2u² ≈ 4.8e-7; 1: 2.5u² (against float32's own 2^-24 ≈ 6.0e-8)."""
+    if truncated not in (0, 1, 2):
+        raise ValueError(f"truncated counts lo parts: 0, 1 or 2, got {truncated}")
+    return (1 + 0.5 * (2 - truncated) + truncated) * TF32_UNIT_ROUNDOFF ** 2
+
+
+SPLIT_INPUTS = {"uniform [−1, 1)": (-1.0, 1.0, False), "2^±20, log-uniform": (-20.0, 20.0, True),
+                "1 to 1 + 2^-10": (1.0, 1 + 2**-10, False)}  # the last: near a binade's start, the worst case
+
+
+def split_check(n: int = 1 << 20, seed: int = 0):
+    """The per-product bound (``split_bound``) checked on the CPU: the worst relative error of
+    hi_a·hi_b + hi_a·lo_b + lo_a·hi_b against the exact a·b over ``n`` random float32 pairs per input
+    class (``SPLIT_INPUTS``), with both lo parts rounded to nearest (``split``, as the GEMM kernel does)
+    and with b's lo truncated (as the capstones' tensor-core kernels leave it); in units of 2^-22 (u²),
+    beside the bound. Products of TF32 values and of float32 values are exact in float64."""
+    import pandas as pd
+
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(lo: float, hi: float, log: bool) -> torch.Tensor:
+        x = torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo
+        if log:  # magnitudes spread over 2^lo … 2^hi, both signs
+            x = torch.exp2(x) * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+        return x.float()
+
+    u2 = TF32_UNIT_ROUNDOFF ** 2
+    ways = {"lo rounded to nearest (both)": (to_tf32, 0), "b's lo truncated": (truncate_tf32, 1)}
+    rows = {w: {} for w in ways}
+    for name, spec in SPLIT_INPUTS.items():
+        a, b = draw(*spec), draw(*spec)
+        ah, bh = to_tf32(a), to_tf32(b)
+        al = to_tf32(a - ah).double()
+        exact = a.double() * b.double()
+        for w, (lo_b, _) in ways.items():
+            bl = lo_b(b - bh).double()
+            got = ah.double() * bh.double() + ah.double() * bl + al * bh.double()
+            rows[w][name] = float(((got - exact).abs() / exact.abs()).max()) / u2
+    out = pd.DataFrame(rows).T.rename_axis("lo parts")
+    out["bound"] = [split_bound(t) / u2 for _, t in ways.values()]
+    return out
+
+
+def idea_glue(worst, errs, shifted) -> dict:
+    """The numbers the Idea section quotes: the worst split products of ``split_check`` (``worst``: its
+    observed maxima per way of rounding lo, in units of 2^-22), the derived bounds, and the dot-product errors
+    of ``product_errors`` at k = 1,024 (``errs``; ``shifted``: with a shifted by 1,000)."""
+    from ..harness.check import FP32_UNIT_ROUNDOFF
+
+    e1k = errs.loc[1024]
+    return {"rn_worst": worst.iloc[0], "tr_worst": worst.iloc[1], "split_bound": split_bound(),
+            "split_bound_tr": split_bound(1), "bound_over_u": split_bound() / FP32_UNIT_ROUNDOFF,
+            "cpu_tf32_1k": e1k["tf32"], "cpu_3x_1k": e1k["3xtf32"], "cpu_fp32_1k": e1k["fp32"],
+            "cpu_4x_1k": e1k["4xtf32"], "cpu_3x_shift_1k": shifted.loc[1024, "3xtf32"],
+            "cpu_4x_shift_1k": shifted.loc[1024, "4xtf32"]}
 
 
 def gemm_flop(m: int, n: int, k: int) -> int:
@@ -247,6 +310,100 @@ torch.cuda.synchronize()
 """
 
 
+# Why warps wait, for versions 2 and 5: Nsight Compute's warps stalled per issued instruction, by reason (the same
+# reasons chapter 8 reads), and what each reason means for a kernel like this one.
+NCU_STALLS = [STALL.format(s) for s in STALLS]
+STALL_WORDS = {"short_scoreboard": "a shared-memory result", "mio_throttle": "a full shared-memory queue",
+               "barrier": "a __syncthreads", "long_scoreboard": "a global-memory load",
+               "not_selected": "ready; another warp issued", "wait": "a fixed latency",
+               "math_pipe_throttle": "a busy math pipe", "dispatch_stall": "the dispatcher",
+               "no_instruction": "an instruction fetch", "lg_throttle": "a full global-memory queue"}
+
+
+def ncu_rows(rec: dict, chapter: str, variants: list[str]) -> None:
+    """One Nsight Compute pass over ``NCU_TARGET``'s ``variants`` with ``NCU_METRICS`` and the stall reasons
+    (``NCU_STALLS``), into ``rec``: the counters' rows under "ncu", the stall rows under "ncu_stalls". Should this
+    ncu refuse a stall metric, the counters alone are collected again, "ncu_stalls" stays empty and ncu's words
+    go under "ncu_stalls_error"."""
+    from ..harness import profile
+
+    try:
+        found = profile.ncu(NCU_TARGET, chapter, variants, NCU_METRICS + NCU_STALLS)
+    except RuntimeError as err:  # a stall metric this ncu does not know must not stop the chapter
+        rec["ncu_stalls_error"] = str(err)[-500:]
+        found = profile.ncu(NCU_TARGET, chapter, variants, NCU_METRICS)
+    stall = found["metric"].isin(NCU_STALLS)
+    rec["ncu"], rec["ncu_stalls"] = found[~stall].to_dict("records"), found[stall].to_dict("records")
+
+
+def stall_table(rows: list[dict], variants=("v2_3xtf32", "v5_3xtf32"), top: int = 6):
+    """Warps stalled per issued instruction, reason × variant (columns named v2, v5), for the ``top`` reasons
+    largest in either variant (largest first; empty without rows)."""
+    import pandas as pd
+
+    if not rows:
+        return pd.DataFrame()
+    t = pd.DataFrame(rows).pivot_table(index="metric", columns="variant", values="value", aggfunc="sum")
+    t = t.rename(index={STALL.format(s): s for s in STALLS})[list(variants)]
+    t = t.loc[t.max(axis=1).sort_values(ascending=False).index[:top]]
+    return t.rename(columns=lambda v: v.split("_")[0]).rename_axis("stalled for")  # v2_3xtf32 → v2
+
+
+def stall_said(table, names=None) -> str:
+    """What ``stall_table`` says, as a Markdown sentence: per variant, its two largest stall reasons that cost
+    time (*not selected* is a warp ready while another issued), each with its meaning and warps per issued
+    instruction; or, without a table, that the record holds no stall reasons."""
+    if table.empty:
+        return "Which stalls held them, Nsight Compute's stall reasons, is not in this record."
+    names = names or {v: f"version {v[1]}" for v in table.columns}
+    parts = []
+    for n, v in enumerate(table.columns):
+        lost = table[v].drop("not_selected", errors="ignore").sort_values(ascending=False)[:2]
+        said = [f"`{r}` (waiting for {STALL_WORDS.get(r, r.replace('_', ' '))}, {x:.2f})" for r, x in lost.items()]
+        parts.append(f"{names[v]}'s {'warps were stalled most ' if n == 0 else ''}for " + " and ".join(said))
+    return "Per issued instruction (the table), " + "; ".join(parts) + "."
+
+
+SHORT_RESOURCES = {"registers": "regs", "smem_bytes": "static smem B", "stack_bytes": "stack B",
+                   "spill_store_bytes": "spill st. B", "spill_load_bytes": "spill ld. B"}
+
+
+def resources(arch: str = "90"):
+    """The GEMM kernels' compiler report for sm_``arch`` (``kb.build.resources``), kernel × resource with short
+    names, and what the chapter quotes of version 5's three-pass kernel and its PTX: (table, glue dict, the PTX's
+    mma.sync instructions)."""
+    import pandas as pd
+
+    from ..harness import build, show
+
+    res = pd.DataFrame(build.resources("gemm_3xtf32", arch))
+    res["kernel"] = res["kernel"].map(show.kernel_name)
+    ptx = build.ptx_instructions("gemm_3xtf32", "gemm_tf32_v5_kernelILi3E")
+    mma_ops = [op for op in ptx if op.startswith("mma.sync")]
+    v5 = res[res.kernel.str.contains("v5")]
+    glue = {"ptx_mma": len(mma_ops), "regs_v5": v5.registers.max(), "spill_v5": v5.spill_store_bytes.max(),
+            "stack_v5": v5.stack_bytes.max(), "spill_ld_v5": v5.spill_load_bytes.max(),
+            "ptx_ldmatrix": ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16")}
+    return res.drop(columns=["arch"]).set_index("kernel").rename(columns=SHORT_RESOURCES), glue, mma_ops
+
+
+def ncu_glue(nc, which: list[str]) -> dict:
+    """The numbers the Profile section quotes from ``ncu_table``'s rows for ``which`` (the peak kernel, versions
+    2 and 5, cuBLAS's TF32 GEMM, in that order): each one's tensor pipe, issue and warp slots, instructions per
+    mma; the cycles a scheduler needs per mma at the peak's pace (its instructions per mma over its share of the
+    issue slots); the share of issue slots version 5 would need to keep that pace, and the share of it version
+    2's instruction count allows (its cap)."""
+    npk, n2, n5, ncb = (nc.loc[v] for v in which)
+    per = "instr. / TC instr."
+    cycles = npk[per] / (npk["issue %"] / 100)  # issue cycles per mma at the peak rate
+    return {"tp_v5": n5["tensor pipe %"], "tp_v2": n2["tensor pipe %"], "tp_peak": npk["tensor pipe %"],
+            "issue_v5": n5["issue %"], "issue_v2": n2["issue %"], "issue_peak": npk["issue %"],
+            "ipm_peak": npk[per], "cycles": cycles, "warps_v5": n5["warps %"], "ipm_v5": n5[per],
+            "ipm_v2": n2[per], "need_v5": 100 * n5[per] / cycles, "cap_v2": 100 * cycles / n2[per],
+            "tp_cublas": ncb["tensor pipe %"], "warps_cublas": ncb["warps %"],
+            "bank_v5": n5["smem bank conflicts"], "tc_v5": n5["TC instr."]}
+
+
 def ncu_table(rows: list[dict]):
     """Nsight Compute's rows as variant × counter, with short names: % of cycles the tensor pipe was
     active, % of issue slots used, % of warp slots occupied, tensor-core instructions (HMMA for
@@ -358,24 +515,55 @@ def plot_rates(ax, tflops, lines: dict[str, float]) -> None:
     ax.set_xlabel("TFLOP/s (2·M·N·K / median time)")
 
 
-def ceilings_table(ch3: dict, t_ceil, clock_ghz: float | None):
+def ceiling_clocks(pr, variants: dict, blocks: int, reps: int = 10) -> dict[str, float]:
+    """The SM clock (GHz) each ceiling without its own clock counters ran at: each ``variants[name]``
+    (kb.measure.Variant: cuBLAS's GEMMs, ``mma_peak``) runs ``reps`` times under its TF32 setting, and a short
+    launch of the varying-operand ``mma.sync`` kernel follows on the same stream at once, reading its clock64
+    cycles against the nanosecond timer (``kb.measure.clock_ghz``): the clock the GPU was at as the run ended."""
+    from ..harness import precision
+    from ..harness.measure import clock_ghz
+
+    cfg = pr.ceiling_config()
+    seeds = torch.randint(0, 2**31 - 1, (6 * cfg["threads"],), dtype=torch.int32, device="cuda")
+    out = {}
+    for name, v in variants.items():
+        with precision.tf32(conv=False, matmul=bool(v.tf32_matmul)):
+            for _ in range(reps):
+                v.fn()
+            out[name] = clock_ghz(pr.mma_ceiling(seeds, blocks, 512)[1])
+    return out
+
+
+# Each ceiling's row: its name, the instruction it issues, and the variant (or record) its rate comes from.
+CEILINGS = [("FFMA (chapter 3)", "FFMA", "ffma"), ("cuBLAS float32", "FFMA", "eager_fp32"),
+            ("cuBLAS TF32", "wgmma", "eager_tf32"), ("mma.sync TF32, constant operands", "mma.sync", "mma_peak"),
+            ("mma.sync TF32, varying operands (the ceiling)", "mma.sync", "mma_ceiling")]
+
+
+def ceilings_table(ch3: dict, t_ceil, rec: dict):
     """The rates a float32-accurate product can reach on this GPU, from chapter 3's FFMA record and this chapter's
-    timed ceilings (``t_ceil``: kb.measure.run's table): (table, glue dict, FFMA TFLOP/s, the mma.sync ceiling ÷ 3).
-    The mma.sync TF32 ceiling is the varying-operand kernel's, at the clock it ran at."""
+    timed ceilings (``t_ceil``: kb.measure.run's table), each with the instruction it issues and the SM clock it
+    ran at — "(own)": by its own counters (FFMA, the varying-operand mma.sync kernel), "(after)": read right
+    after its run (``rec["ceiling_clocks_ghz"]``, ``ceiling_clocks``), or "not in this record": (table, glue dict, FFMA
+    TFLOP/s, the mma.sync ceiling ÷ 3). The mma.sync TF32 ceiling is the varying-operand kernel's."""
     import pandas as pd
 
     f3, t3 = ch3["variants"]["ffma_ours"]["counts"]["flop"], ch3["timings_ms"]["ffma_ours"]
     ffma = f3 / t3["median"] / 1e9  # TFLOP/s
     tflops = t_ceil["TFLOP/s"]
     mma = tflops["mma_ceiling"] if "mma_ceiling" in tflops else tflops["mma_peak"]
-    rates = {"FFMA (chapter 3)": ffma, "cuBLAS float32": tflops["eager_fp32"], "cuBLAS TF32": tflops["eager_tf32"],
-             "mma.sync TF32, constant operands": tflops["mma_peak"],
-             "mma.sync TF32, varying operands (the ceiling)": mma}
-    table = pd.DataFrame({"TFLOP/s": rates}).rename_axis("rate")
-    table["÷ 3 (3xTF32)"] = [r / 3 if "TF32" in n else r for n, r in rates.items()]
+    rate = {"ffma": ffma, **tflops, "mma_ceiling": mma}
+    own = {"ffma": ch3.get("ffma_clock", {}).get("kernel GHz (median over blocks)"),
+           "mma_ceiling": rec.get("mma_clock_ghz")}
+    after = rec.get("ceiling_clocks_ghz", {})
+    clock = {k: f"{own[k]:.2f} (own)" if own.get(k) else f"{after[k]:.2f} (after)" if k in after
+             else "not in this record" for _, _, k in CEILINGS}
+    table = pd.DataFrame([{"rate": n, "instruction": ins, "TFLOP/s": rate[k],
+                           "÷ 3 (3xTF32)": rate[k] / 3 if "TF32" in n else rate[k], "SM GHz": clock[k]}
+                          for n, ins, k in CEILINGS]).set_index("rate")
     glue = {"ffma_tflops": ffma, "tf32_over_ffma": tflops["eager_tf32"] / ffma, "mma_tflops": mma,
             "mma_const_tflops": tflops["mma_peak"], "mma3": mma / 3, "wgmma3": tflops["eager_tf32"] / 3,
-            "tf32_tflops": tflops["eager_tf32"], "mma_clock_ghz": clock_ghz or float("nan")}
+            "tf32_tflops": tflops["eager_tf32"], "mma_clock_ghz": rec.get("mma_clock_ghz") or float("nan")}
     return table, glue, ffma, mma / 3
 
 
