@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from kernelbook import build, records
-from kernelbook.harness.paths import KERNELS
+from kernelbook.harness.paths import KERNELS, RESULTS
 
 REQUIRED_PROVENANCE = {"gpu", "capability", "driver", "cuda", "torch", "date", "commit", "kernels"}
 RECORDS = records.all_records()
@@ -127,3 +127,41 @@ def test_gpu_evidence_covers_todays_kernels_and_is_clean():
     assert set(ev["sanitizer"]) == {"memcheck", "racecheck", "initcheck", "synccheck"}, ev["sanitizer"].keys()
     for tool, s in ev["sanitizer"].items():
         assert s["exit_code"] == 0 and s["errors"] == 0 and s["workloads"], (tool, s)
+
+
+SPREADS = sorted(RESULTS.glob(f"*/{records.SPREAD}.json"))  # results/<gpu>/spread.json
+
+
+def test_a_spread_file_is_not_a_chapter_record(tmp_path):
+    rec = _fake_record("00_method", KERNELS)
+    records.append_run({"pid": 1, "provenance": rec["provenance"], "timings_ms": {}},
+                       records.spread_path("h200", tmp_path))
+    (tmp_path / "h200" / "00_method.json").write_text(json.dumps(rec))
+    assert [p.stem for p in records.all_records(tmp_path)] == ["00_method"]
+
+
+@pytest.mark.parametrize("path", SPREADS, ids=lambda p: p.parent.name)
+def test_spread_runs_are_well_formed(path):
+    """Each run: a chapter record's provenance, made on its folder's GPU, timings of declared variants.
+    A run made before a chapter's kernels changed is not a failure: the intro drops that chapter's ranges
+    (``records.fresh_for``) and says so under its table."""
+    declared = {r["chapter"]: r.get("variants", {}) for r in records.on_gpu(path.parent.name)}
+    for run in records.spread_runs(path):
+        assert REQUIRED_PROVENANCE <= run["provenance"].keys() and records.made_on(run, path.parent.name)
+        for key, t in run["timings_ms"].items():
+            chapter, _, variant = key.partition("/")
+            assert variant in declared.get(chapter, {}), f"{path}: {key} is no declared variant"
+            assert t["q20"] <= t["median"] <= t["q80"], key
+
+
+def test_a_spread_run_is_fresh_for_a_chapter_only_while_its_kernels_are_unchanged(tmp_path):
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    for f in build.sources("scale"):
+        shutil.copy(f, kdir / f.name)
+    rec = _fake_record("00_method", kdir)
+    run = {"provenance": {"kernels": dict(rec["provenance"]["kernels"])}}
+    assert records.fresh_for(run, rec, kdir)
+    (kdir / "scale.cu").write_text((kdir / "scale.cu").read_text() + "\n// changed\n")
+    assert not records.fresh_for(run, rec, kdir)
+    assert not records.fresh_for({"provenance": {"kernels": {}}}, _fake_record("00_method", KERNELS))  # not hashed

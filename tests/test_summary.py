@@ -9,16 +9,23 @@ import pytest
 
 from kernelbook import summary
 from kernelbook.harness.paths import RESULTS, ROOT
-from kernelbook.harness.records import DEFAULT_GPU
+from kernelbook.harness.records import DEFAULT_GPU, EVIDENCE, SPREAD, ratio_text
 
 RECORDS = {p.stem: json.loads(p.read_text()) for p in sorted((RESULTS / DEFAULT_GPU).glob("*.json"))
-           if p.stem != "gpu_evidence"}
+           if p.stem not in (EVIDENCE, SPREAD)}
 TABLE_CHAPTERS = {"00_method", "01_bn_modes", "02_bn_folding", "07_capstone_conv_bn_scale",
                   "08_capstone_conv3d_groupnorm_mean"}
 
 
 def _fmt(value, spec):
     return "—" if value is None else format(value, spec)
+
+
+def _times(med: dict, rng: dict, p: str) -> str:
+    """The speed-up over ``p``: rounded as its spread allows where both times have a range, else to 2 decimals."""
+    if rng.get(p) and rng["ours"]:
+        return ratio_text(rng[p], rng["ours"])
+    return _fmt(med[p] / med["ours"] if p in med else None, ".2f")
 
 
 def _declared_rows(rec):
@@ -54,21 +61,24 @@ def test_the_chapters_with_headline_operations_declare_their_rows():
 
 def test_numbers_are_the_records_cell_by_cell():
     ceil, tc = summary.ceilings(DEFAULT_GPU), summary.tensor_core_rate(DEFAULT_GPU)
+    ranges = summary.spread(DEFAULT_GPU).ranges  # the spread between processes, where it was measured
+    with_range = any(f"{c}/{by['ours']}" in ranges for c, rec in RECORDS.items() for by in _declared_rows(rec).values())
     expected = []
     for c, rec in sorted(RECORDS.items()):
         for (problem, operation), by in _declared_rows(rec).items():
             med = {p: rec["timings_ms"][v]["median"] for p, v in by.items()}
+            rng = {p: ranges.get(f"{c}/{v}") for p, v in by.items()}
             floor = summary.floor_ms(rec, by["ours"], ceil, tc)
-            expected.append([problem, operation.replace("`", ""), c[:2], _fmt(med["eager"], ".3f"),
-                             _fmt(med.get("compile"), ".3f"), _fmt(med["ours"], ".3f"),
-                             _fmt(med["eager"] / med["ours"], ".2f"),
-                             _fmt(med["compile"] / med["ours"] if "compile" in med else None, ".2f"),
-                             _fmt(100 * floor / med["ours"] if floor else None, ".0f")])
+            row = [problem, operation.replace("`", ""), c[:2], _fmt(med["eager"], ".3f"),
+                   _fmt(med.get("compile"), ".3f"), _fmt(med["ours"], ".3f")]
+            row += [f"{rng['ours'][0]:.3f}–{rng['ours'][1]:.3f}" if rng["ours"] else "—"] if with_range else []
+            expected.append(row + [_times(med, rng, "eager"), _times(med, rng, "compile"),
+                                   _fmt(100 * floor / med["ours"] if floor else None, ".0f")])
             if floor:
                 assert floor <= med["ours"] * 1.05, f"{c} {operation}: faster than its floor allows"
     text = summary.markdown_table(DEFAULT_GPU)
     header = [c.strip() for c in text.splitlines()[0].strip().strip("|").split("|")]
-    assert header == summary.COLUMNS
+    assert header == summary.COLUMNS[:6] + [summary.RANGE_COLUMN] * with_range + summary.COLUMNS[6:]
     assert markdown_rows(text) == expected and expected
 
 

@@ -3,6 +3,18 @@
 On a GPU a chapter measures live and, with ``KERNELBOOK_RECORD=1``, writes its record. Without a GPU
 it loads the record and shows a note that names where and when it was measured. Every record
 stores the SHA-256 of the kernel sources it measured; ``stale`` lists the ones changed since.
+
+Beside the chapter records, ``results/<gpu-slug>/spread.json`` holds the spread between processes: the
+intro table's variants (and the capstones' peers) timed again, each run in a fresh Python process, so that
+a median's process-to-process variation is measured rather than guessed. One run is appended per process::
+
+    {"runs": [{"pid": 4242,
+               "provenance": {<as a chapter record's: gpu, …, torch, date, commit, and the SHA-256 of
+                               every kernel source the timed chapters' records name>},
+               "timings_ms": {"<chapter>/<variant>": {"median": 0.678, "q20": 0.676, "q80": 0.680}}}]}
+
+``spread_runs`` reads it, ``append_run`` adds a run, ``fresh_for`` says whether a run measured today's
+kernels of a chapter, and ``ratio_text`` quotes a ratio of two timed ranges to the figures they allow.
 """
 
 from __future__ import annotations
@@ -10,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
+import math
 import os
 import subprocess
 from collections.abc import Sequence
@@ -147,10 +160,11 @@ def stale(rec: dict, kernels_root: Path = KERNELS) -> list[str]:
 
 def all_records(root: Path = RESULTS) -> list[Path]:
     """Every chapter record of every GPU (not results/compiler/'s compiler reports, nor the GPU evidence)."""
-    return sorted(p for p in root.glob("*/*.json") if p.parent.name != "compiler" and p.stem != EVIDENCE)
+    return sorted(p for p in root.glob("*/*.json") if p.parent.name != "compiler" and p.stem not in (EVIDENCE, SPREAD))
 
 
 EVIDENCE = "gpu_evidence"  # results/<gpu>/gpu_evidence.json: what the GPU tests and compute-sanitizer passed on
+SPREAD = "spread"  # results/<gpu>/spread.json: the same variants timed in separate processes (module docstring)
 
 
 def made_on(rec: dict, gpu_slug: str) -> bool:
@@ -158,3 +172,59 @@ def made_on(rec: dict, gpu_slug: str) -> bool:
     from .device import slug
 
     return slug(rec["provenance"]["gpu"]) == gpu_slug
+
+
+def spread_path(gpu_slug: str, root: Path = RESULTS) -> Path:
+    """Where the spread between processes of ``gpu_slug`` is kept (``results/<gpu-slug>/spread.json``)."""
+    return root / gpu_slug / f"{SPREAD}.json"
+
+
+def spread_runs(path: Path) -> list[dict]:
+    """The runs of the spread file at ``path``, oldest first; none where there is no file."""
+    return read(path)["runs"] if Path(path).is_file() else []
+
+
+def append_run(run: dict, path: Path) -> int:
+    """Add one process's run to the spread file at ``path`` (made if missing); returns how many runs it holds."""
+    runs = [*spread_runs(path), run]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"runs": runs}, indent=1, default=_plain) + "\n")
+    tmp.replace(path)  # a run stopped while writing leaves the file as it was
+    return len(runs)
+
+
+def fresh_for(run: dict, rec: dict, kernels_root: Path = KERNELS) -> bool:
+    """Whether spread ``run`` measured today's source of every kernel file the chapter record ``rec`` names."""
+    hashes = run["provenance"].get("kernels", {})
+    files = {f: hashes.get(f, "not hashed") for f in rec["provenance"].get("kernels", {})}
+    return not stale({"provenance": {"kernels": files}}, kernels_root)
+
+
+def ratio_text(num: Sequence[float], den: Sequence[float]) -> str:
+    """``num``/``den`` as text, each a (least, greatest) time, quoted to the figures their spread allows.
+
+    The ratio lies between num[0]/den[1] and num[1]/den[0]. It is quoted as the middle of that interval to
+    the most significant figures (at most 3) whose last unit exceeds the interval's width, so the quoted
+    value is within one unit of its last figure of every ratio the times allow: 2.76–2.83 gives "2.8",
+    2.841–2.846 gives "2.84". Where that leaves fewer than 2 figures, the interval itself is given, its ends
+    to 2 figures: 2.76–2.93 gives "2.8–2.9".
+    """
+    if not (0 < num[0] <= num[1] and 0 < den[0] <= den[1]):
+        raise ValueError(f"times must be positive (least, greatest) pairs: {num}, {den}")
+    lo, hi = num[0] / den[1], num[1] / den[0]
+    mid = (lo + hi) / 2
+    figures = next((n for n in (3, 2) if hi - lo < 10 ** (math.floor(math.log10(mid)) - n + 1)), 1)
+    if figures >= 2:
+        return _figures(mid, figures)
+    ends = _figures(lo, 2), _figures(hi, 2)
+    return ends[0] if ends[0] == ends[1] else "–".join(ends)
+
+
+def _figures(x: float, n: int) -> str:
+    """``x`` (> 0) to ``n`` significant figures, trailing zeros kept: 0.75 to 3 is "0.750", 9.96 to 2 is "10"."""
+    decimals = n - 1 - math.floor(math.log10(x))
+    if math.floor(math.log10(round(x, decimals))) > math.floor(math.log10(x)):  # rounded up into the next decade
+        decimals -= 1
+    return f"{round(x, decimals):.{max(decimals, 0)}f}"

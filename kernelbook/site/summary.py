@@ -13,21 +13,32 @@ rate is the record's own reference-rate copy when the chapter timed one in the s
 roofline chapter's. Those are measured rates, not datasheet peaks, so a chapter's "% of the FFMA peak"
 (SMs × lanes × 2 × clock) and this table's "% of floor" can differ by a little.
 
+Where ``results/<gpu>/spread.json`` holds at least ``MIN_RUNS`` runs of the table's variants, each made in a
+separate process (``kb.records`` describes the file), the table adds the least and greatest of those runs'
+medians of our kernel beside the record's median, and quotes each speed-up only to the figures that the
+ranges of both of its times allow (``kb.records.ratio_text``). A range counts only runs that measured
+today's kernels of its chapter: a chapter whose kernels changed since shows no range, and the note says so.
+Without the file (another GPU) the table is as it would be without spread.
+
 It also says how the page was built (``built_on``) and whether the repository's address is still the
 placeholder (``repository_url``), so the front matter states neither as a typed fact.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..harness.paths import RESULTS, ROOT
-from ..harness.records import on_gpu, results_gpu
+from ..harness.records import fresh_for, on_gpu, ratio_text, results_gpu, spread_path, spread_runs
 
 ROOFLINE = "03_roofline"  # the chapter that measures the ceilings: FP32 FMA throughput and copy bandwidth
 
 COLUMNS = ["problem", "operation", "ch.", "eager ms", "compile ms", "ours ms", "× eager", "× compile",
            "% of floor"]
+RANGE_COLUMN = "ours min–max"  # after "ours ms", where the spread between processes was measured
+MIN_RUNS = 3  # separate processes a range needs before the table shows it
+CAPSTONES = ("07_capstone_conv_bn_scale", "08_capstone_conv3d_groupnorm_mean")  # whose peers are timed too
 
 
 def _median(rec: dict, variant: str | None) -> float | None:
@@ -94,10 +105,62 @@ def floor_ms(rec: dict, variant: str, ceil: tuple[float, float] | None,
     return 1e3 * max(counts.get("flop", 0.0) / peak, counts.get("bytes", 0.0) / bandwidth)
 
 
-def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
-    """The table's rows (numbers, not text), chapter by chapter, in the order the chapters declared them."""
+def spread_variants(gpu_slug: str | None = None, root: Path = RESULTS) -> dict[str, list[str]]:
+    """{chapter: variants} that the spread between processes is measured for: every variant in the table's
+    rows, and the capstones' peers — their forward-pass baselines (role "baseline", not a training step). A
+    torch.compile peer counts only where it is a row's compiled module, or that one run with TF32 off: other
+    settings (max-autotune, freezing) compile a module of their own, which would add minutes to every process."""
+    out = {}
+    for rec in sorted(on_gpu(gpu_slug, root), key=lambda r: r["chapter"]):
+        decl = rec.get("variants", {})
+        in_rows = {v for by in table_rows(rec).values() for v in by.values()}
+        compiled = {decl[v].get("mode", "") for v in in_rows if decl[v]["provider"] == "compile"}
+        names = [v for v, d in decl.items() if v in in_rows or (
+            rec["chapter"] in CAPSTONES and d.get("role") == "baseline" and d.get("mode") != "step"
+            and (d["provider"] != "compile" or (d.get("mode", "") in compiled and d.get("tf32_allowed") is False)))]
+        if names:
+            out[rec["chapter"]] = names
+    return out
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The spread between processes on one GPU: ``ranges`` maps "<chapter>/<variant>" to the least and
+    greatest of the runs' medians and how many runs timed it (only where ≥ ``MIN_RUNS`` did); ``dates``
+    are the days those runs were made on, ``stale`` the chapters whose kernels changed after every run."""
+
+    ranges: dict[str, tuple[float, float, int]]
+    dates: tuple[str, ...]
+    stale: tuple[str, ...]
+
+
+def spread(gpu_slug: str | None = None, root: Path = RESULTS) -> Spread:
+    """The spread between processes of ``gpu_slug``'s variants, from its spread file (empty where it has none)."""
     slug = results_gpu(gpu_slug)
-    ceil, tc = ceilings(slug, root), tensor_core_rate(slug, root)
+    recs = {r["chapter"]: r for r in on_gpu(slug, root)}
+    medians: dict[str, list[float]] = {}
+    dates: dict[str, set[str]] = {}
+    stale = set()
+    for run in spread_runs(spread_path(slug, root)):
+        for key, t in run["timings_ms"].items():
+            chapter = key.partition("/")[0]
+            if chapter not in recs:
+                continue
+            if not fresh_for(run, recs[chapter]):
+                stale.add(chapter)
+                continue
+            medians.setdefault(key, []).append(float(t["median"]))
+            dates.setdefault(key, set()).add(run["provenance"]["date"][:10])
+    ranges = {k: (min(ms), max(ms), len(ms)) for k, ms in medians.items() if len(ms) >= MIN_RUNS}
+    shown = {k.partition("/")[0] for k in ranges}
+    return Spread(ranges, tuple(sorted({d for k in ranges for d in dates[k]})), tuple(sorted(stale - shown)))
+
+
+def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
+    """The table's rows (numbers, not text), chapter by chapter, in the order the chapters declared them; each
+    time's range between processes under "<provider> range" ((least, greatest, runs), or None)."""
+    slug = results_gpu(gpu_slug)
+    ceil, tc, ranges = ceilings(slug, root), tensor_core_rate(slug, root), spread(slug, root).ranges
     out = []
     for rec in sorted(on_gpu(slug, root), key=lambda r: r["chapter"]):
         for (problem, operation), by in table_rows(rec).items():
@@ -110,10 +173,35 @@ def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
                 "× eager": eager / ours if eager and ours else None,
                 "× compile": comp / ours if comp and ours else None,
                 "% of floor": 100 * floor / ours if floor and ours else None,
+                **{f"{p} range": ranges.get(f"{rec['chapter']}/{by[p]}") if p in by else None
+                   for p in ("eager", "compile", "ours")},
                 "gpu": rec["provenance"]["gpu"], "torch": rec["provenance"]["torch"],
                 "date": rec["provenance"]["date"],
             })
     return out
+
+
+def times_text(row: dict, provider: str, spec: str = ".2f") -> str:
+    """A row's speed-up over ``provider`` ("eager", "compile") as text: to the figures the two times' ranges
+    between processes allow where both have one (``kb.records.ratio_text``), else its value by ``spec``."""
+    num, den = row[f"{provider} range"], row["ours range"]
+    return ratio_text(num, den) if num and den else _fmt(row[f"× {provider}"], spec)
+
+
+def ratio(chapter: str, num: str, den: str, spec: str = ".2f", gpu_slug: str | None = None,
+          root: Path = RESULTS) -> str:
+    """``num``'s median time over ``den``'s in ``chapter``'s record, as text for prose: to the figures the two
+    variants' ranges between processes allow where both have one, else by ``spec``."""
+    ranges = spread(gpu_slug, root).ranges
+    a, b = ranges.get(f"{chapter}/{num}"), ranges.get(f"{chapter}/{den}")
+    if a and b:
+        return ratio_text(a, b)
+    rec = next(r for r in on_gpu(gpu_slug, root) if r["chapter"] == chapter)
+    return format(_median(rec, num) / _median(rec, den), spec)
+
+
+def _range_text(r: tuple[float, float, int] | None) -> str:
+    return "—" if r is None else f"{r[0]:.3f}–{r[1]:.3f}"
 
 
 def _in_toc(chapter: str) -> bool:
@@ -130,13 +218,11 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
     rs = rows(gpu_slug, root)
     if not rs:
         return "*No chapter has recorded results yet.*"
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 3 + "--:|" * (len(COLUMNS) - 3)]
+    cols = columns(rs)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * 3 + "--:|" * (len(cols) - 3)]
     for r in rs:
         ch = f"{{doc}}`{r['chapter'][:2]} <notebooks/{r['chapter']}>`" if _in_toc(r["chapter"]) else r["chapter"][:2]
-        cells = [r["problem"], r["operation"], ch, _fmt(r["eager ms"], ".3f"), _fmt(r["compile ms"], ".3f"),
-                 _fmt(r["ours ms"], ".3f"), _fmt(r["× eager"], ".2f"), _fmt(r["× compile"], ".2f"),
-                 _fmt(r["% of floor"], ".0f")]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([r["problem"], r["operation"], ch, *cells(r, RANGE_COLUMN in cols)[3:]]) + " |")
     gpus = sorted({f"{r['gpu']} (torch {r['torch']})" for r in rs})
     dates = sorted(r["date"] for r in rs)
     split = sorted({r["chapter"][:2] for r in rs if r["math"] == "3xtf32"})  # chapters whose rows use the split
@@ -152,7 +238,43 @@ def markdown_table(gpu_slug: str | None = None, root: Path = RESULTS) -> str:
                  f"time, or an operation without a known floor.")
     lines.append("")
     lines.append(_floor_note(gpu_slug, root))
-    return "\n".join(lines)
+    note = _spread_note(spread(gpu_slug, root), RANGE_COLUMN in cols)
+    return "\n".join(lines + (["", note] if note else []))
+
+
+def columns(rs: list[dict]) -> list[str]:
+    """The table's header: ``COLUMNS``, with ``RANGE_COLUMN`` after "ours ms" where a row has a range."""
+    if not any(r["ours range"] for r in rs):
+        return list(COLUMNS)
+    at = COLUMNS.index("ours ms") + 1
+    return [*COLUMNS[:at], RANGE_COLUMN, *COLUMNS[at:]]
+
+
+def cells(r: dict, with_range: bool = False) -> list[str]:
+    """One row's cells as plain text (the chapter as its number), in the order of ``columns``."""
+    out = [r["problem"], r["operation"], r["chapter"][:2], _fmt(r["eager ms"], ".3f"), _fmt(r["compile ms"], ".3f"),
+           _fmt(r["ours ms"], ".3f")]
+    out += [_range_text(r["ours range"])] if with_range else []
+    return out + [times_text(r, "eager"), times_text(r, "compile"), _fmt(r["% of floor"], ".0f")]
+
+
+def _spread_note(sp: Spread, shown: bool) -> str:
+    """What the range column is and how the speed-ups are rounded; which chapters lost their ranges, and why."""
+    out = []
+    if shown:
+        n = sorted({k for _, _, k in sp.ranges.values()})
+        runs = str(n[0]) if len(n) == 1 else f"{n[0]}–{n[-1]}"
+        days = sp.dates[0] if len(sp.dates) == 1 else f"between {sp.dates[0]} and {sp.dates[-1]}"
+        out.append(f"*{RANGE_COLUMN}* is the least and the greatest of the medians that {runs} separate processes "
+                   f"measured on {days}, each timing this table's variants as their chapters do; a record's median "
+                   "comes from another process still. Where both times of a speed-up have such a range, the "
+                   "speed-up is given only to the figures the ranges allow — its last figure within one unit of "
+                   "every ratio they permit — and as a range where they do not allow two figures.")
+    if sp.stale:
+        chs = " and ".join(c[:2] for c in sp.stale)
+        out.append(f"Chapter{'s' * (len(sp.stale) > 1)} {chs} show{'s' * (len(sp.stale) == 1)} no range: "
+                   f"{'their' if len(sp.stale) > 1 else 'its'} kernels changed after those processes ran.")
+    return " ".join(out)
 
 
 def _floor_note(gpu_slug: str | None, root: Path) -> str:
