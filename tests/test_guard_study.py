@@ -417,10 +417,11 @@ def test_guard_falls_back_on_cancelling_and_outlying_data(cbs_gpu, math_):
 @pytest.mark.parametrize("offset", [0.1, 1.0])
 def test_inplace_statistics_on_a_smooth_field(cbs_gpu, offset):
     """The in-place path's Welford states are summed about a per-channel pivot (the input's pivots through the
-    filter): on a smooth field through difference filters (σ ≈ 10⁻³) the variance errs by a few u whatever the
-    bias ``offset`` puts the mean at — without the pivot it erred 1.2e-5 at a mean of 0.1."""
+    filter): on a smooth field through difference filters (σ ≈ 10⁻³) the variance is float32-accurate (within
+    twice eager PyTorch's error) whatever the bias ``offset`` puts the mean at. On the H200 it erred 2e-6 at both
+    offsets, eager 2e-6 and 4.6e-5: the float32 convolution's own rounding, not the sums, sets that floor."""
     w, _ = gs.filter_sets(0)["difference"]
     x = kb.variance.smooth_field(1e-4, 0, n=2, c=8, h=40, w=70)
     case = gs.Case("smooth", x, w, torch.full((w.shape[0],), offset))
     df = gs.error_vs_kappa(cbs_gpu, [case], maths=("fp32",), strategies=("inplace",), time=False)
-    assert (df["var_err"] <= 16 * gs.U).all(), df[["var_err", "eager_var_err", "mean_err_sigma"]]
+    assert (df["var_err"] <= 2 * df["eager_var_err"] + 16 * gs.U).all(), df[["var_err", "eager_var_err"]]

@@ -663,12 +663,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_build = clock.perf_counter()
     mod = build.load("conv_bn_scale")
     rec = records.new("guard_study", kernels=["conv_bn_scale"])
-    meta = {"provenance": rec["provenance"], "build_s": clock.perf_counter() - t_build, "args": vars(args),
+    meta = {"provenance": rec["provenance"], "build_s": clock.perf_counter() - t_build, "args": {**vars(args), "out": str(args.out)},
             "natural_images": natural, "guard_model": {m: mod.raw.guard_model(m) for m in ("fp32", "3xtf32")},
             "default_math": mod.raw.conv_bn_scale_math(sections["p73"][0].x[:1].cuda(), "auto"), "tol": TOL,
             "sections": {k: [c.name for c in v] for k, v in sections.items()}, "section_s": {}, "skipped": [],
             "errors": {}}
-    meta["args"]["out"] = str(args.out)
     print(f"guard_study: built in {meta['build_s']:.0f} s on {rec['provenance']['gpu']}; default math "
           f"{meta['default_math']}", flush=True)
     frames: list = []
