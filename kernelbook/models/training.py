@@ -102,7 +102,8 @@ def backward_table(rec: dict):
 
 PHASES = (  # (phase, substrings of the kernel names that belong to it), first match wins
     ("the moments and the guard (forward)", ("moments",)),
-    ("the 3×3 convolution (forward, and again in the backward)", ("conv3x3", "channel_stats", "apply_inplace")),
+    ("the 3×3 convolution (forward, and again in the backward)",
+     ("conv3x3", "pivots_kernel", "channel_stats", "apply_inplace")),
     ("BatchNorm's backward", ("batch_norm", "bn_bw")),
     ("the convolution's backward (cuDNN)", ("dgrad", "wgrad", "xmma", "implicit", "cudnn", "conv")),
 )
@@ -234,6 +235,7 @@ CALL_PHASES = (  # (phase of one training-mode forward, colour, substrings of it
     ("lag sums", "#2e86c1", ("moments_tc", "moments_main")),
     ("border sums", "#85c1e9", ("moments_edge",)),
     ("Σ, guard, fold", "#1b4f72", ("moments_cov", "moments_fold", "moments_commit")),
+    ("pivots of y", "#a04000", ("pivots_kernel",)),
     ("conv writes y", "#c0392b", ("conv3x3_3xtf32", "conv3x3_kernel<false")),
     ("conv + epilogue sums", "#e67e22", ("conv3x3_kernel<true",)),
     ("sums over y (own pass)", "#f4d03f", ("channel_stats",)),
