@@ -46,6 +46,13 @@ def test_stored_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_cell_has_a_unique_id(path):
+    """nbformat 4.5 requires cell ids: a cell without one makes the executor warn, and warnings fail the build."""
+    ids = [cell.get("id") for cell in _nb(path)["cells"]]
+    assert None not in ids and len(set(ids)) == len(ids), f"{path.name}: cells without an id or with a repeated one"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_python3_kernelspec(path):
     assert _nb(path)["metadata"]["kernelspec"]["name"] == "python3"
 
