@@ -138,9 +138,9 @@ def test_benchmark_shape(ext):
 @pytest.mark.parametrize("shape", [
     (1, 3, 16, 32, 32, 16, 4),     # N = 1
     (2, 3, 9, 17, 23, 16, 4),      # odd D, H, W: WO = 20, partial column blocks
-    (3, 3, 9, 17, 23, 8, 2),       # one channel group of 8
+    (3, 3, 9, 17, 23, 8, 2),       # one channel tile of 8
     (2, 3, 9, 17, 23, 24, 3),      # 24 channels padded to 32
-    (2, 5, 7, 11, 13, 32, 8),      # 5 input channels, 4 channel groups
+    (2, 5, 7, 11, 13, 32, 8),      # 5 input channels, 4 channel tiles
     (1, 1, 4, 4, 4, 16, 16),       # a single output position, one channel per group (var = 0)
     (2, 3, 20, 40, 36, 16, 4),     # the input does not fit: slabs of output depths with a halo
     (2, 2, 6, 9, 130, 64, 16),     # long rows, 64 channels
@@ -497,6 +497,34 @@ def test_the_ladder_tells_each_step_with_the_records_numbers():
     assert not any("cudnn.benchmark" in v for v in rows)  # an optional peer the record lacks is left out
     rec["timings_ms"]["cudnn_bench"] = {"median": 11.0}
     assert any("cudnn.benchmark" in r["version"] for r in gn_mean.ladder(rec, floor_ms=1.0))
+
+
+def test_the_ladder_table_and_figure_give_each_version_its_own_floor():
+    """The table keeps our versions (library paths are in the variants table); the tail-only design is set
+    against cuDNN's convolution kernel alone, shown as a mark across its bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rec = kb.records.load("08_capstone_conv3d_groupnorm_mean", "h200")
+    steps = gn_mean.ladder(rec, 1.0, floors={"tail_fused": 9.8, "ours_tc": 0.66})
+    tab = gn_mean.ladder_table(steps)
+    assert "tail fused" in tab.index and "torch.compile" not in tab.index
+    assert tab.loc["tail fused", "% of its floor"] == pytest.approx(
+        100 * 9.8 / rec["timings_ms"]["tail_fused"]["median"])
+    assert not any("KB_" in t for t in tab["what changed"])  # no build switches in the prose
+    fig = gn_mean.plot_ladder(steps, 1.0, rec, floors={"3xTF32 floor": 0.66},
+                              marks={"tail_fused": "tail-only floor"})
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(t.startswith("tail-only floor: 9.80 ms") for t in labels)
+    plt.close(fig)
+
+
+def test_cudnn_benchmark_is_said_to_change_nothing_when_it_picks_eagers_kernel():
+    rec = kb.records.load("08_capstone_conv3d_groupnorm_mean", "h200")
+    said = gn_mean.peer_said(rec)["bench_said"]
+    assert "the same convolution kernel as eager" in said and "does not change" in said
 
 
 def test_peers_missing_from_a_record_say_so():

@@ -230,9 +230,16 @@ def peer_said(rec: dict) -> dict[str, str]:
     said = {"bench_said": "`cudnn.benchmark` (cuDNN timing its algorithms first, TF32 off): not in this record.",
             "cutlass_said": "CUTLASS's 3xTF32 conv3d on P27's convolution alone: not in this record."}
     if "cudnn_bench" in ms:
-        said["bench_said"] = (f"With `cudnn.benchmark` on (cuDNN times its algorithms for this shape first; "
-                              f"TF32 off) eager takes {ms['cudnn_bench']:.2f} ms, against "
-                              f"{ms['eager_fp32']:.2f} ms without it.")
+        b, e32 = ms["cudnn_bench"], ms["eager_fp32"]
+        rows = rec.get("kernels", [])
+        conv = {v: max((r for r in rows if r["variant"] == v), key=lambda r: r["total_us"],
+                       default={}).get("kernel") for v in ("eager", "cudnn_bench")}
+        same = conv["eager"] is not None and conv["eager"] == conv["cudnn_bench"]
+        why = ", picks the same convolution kernel as eager without it (both profiles)" if same else ""
+        what = ("the time does not change" if abs(b / e32 - 1) < 0.005 else
+                f"the time changes by {100 * (b / e32 - 1):+.1f} %")
+        said["bench_said"] = (f"With `cudnn.benchmark` on (TF32 off), cuDNN times its algorithms for this shape"
+                              f"{why}, so {what}: {b:.2f} ms, against {e32:.2f} ms.")
     if "cutlass_conv3d" in ms:
         err = e.get("cutlass_conv3d", {}).get("rel_err", float("nan"))
         cudnn = e.get("conv_only", {}).get("rel_err", float("nan"))
@@ -301,13 +308,14 @@ def eager_passes(prof, fused_counts, variant: str = "eager"):
 
 def design(cfg: Mapping[str, int], c_out: int, out_shape: tuple[int, int, int]) -> dict:
     """The fused kernel's decomposition of one sample, from its constants (``ext.config()``):
-    channel groups, work items, rounds of lanes, and the useful fraction of the FFMAs it issues."""
+    channel tiles (``groups``: the sets of channels one thread computes, not GroupNorm's groups), work
+    items, rounds of lanes, and the useful fraction of the FFMAs it issues."""
     do, ho, wo = out_shape
     co_t, cols, threads = cfg["channels_per_thread"], cfg["columns_per_thread"], cfg["threads"]
-    g8 = 1 << (math.ceil(c_out / co_t) - 1).bit_length()  # channel groups, a power of 2
-    lanes = threads // g8                                  # lanes per channel group
+    g8 = 1 << (math.ceil(c_out / co_t) - 1).bit_length()  # channel tiles, a power of 2
+    lanes = threads // g8                                  # lanes per channel tile
     col_blocks = math.ceil(wo / cols)
-    items = do * ho * col_blocks                           # work items per sample and group
+    items = do * ho * col_blocks                           # work items per sample and tile
     rounds = math.ceil(items / lanes)
     useful = wo / (col_blocks * cols) * items / (rounds * lanes)
     return {"co_t": co_t, "cols": cols, "threads": threads, "groups": g8,
@@ -390,30 +398,26 @@ LADDER = [
      "changed": "cudnn.benchmark on, TF32 off: cuDNN times its algorithms for this shape and keeps the "
                 "fastest: {vs_eager}× eager."},
     {"version": "tail fused", "variant": "tail_fused",
-     "changed": "cuDNN's conv3d, then one tail kernel of ours (pivot-shifted sums, the mean from channel "
-                "statistics): {vs_eager}× eager, under Amdahl's cap. The convolution itself had to come "
-                "on chip."},
+     "changed": "Keep cuDNN's conv3d and its bias pass; one tail kernel of ours does the rest from channel "
+                "statistics: {vs_eager}× eager, close to its floor. The convolution has to come on chip."},
     {"version": "v1: the convolution on chip", "variant": None,
-     "changed": "One block per sample, the sample and the weights in shared memory, 8 channels × 8 "
-                "columns per thread and 16 running sums per thread. The compiler's report showed spills at "
-                "the 128 registers 512 threads allow: not timed; the sums had to leave the registers."},
+     "changed": "One block per sample, sample and weights in shared memory, 8 channels × 8 columns per "
+                "thread. Its 16 running sums per thread spill at the 128 registers a 512-thread block "
+                "allows: not timed."},
     {"version": "v2: warp reduce-scatter", "variant": None,
-     "changed": "The 16 item sums reduce-scattered over the warp, one running sum per lane: no spills. "
-                "The machine code showed staging with one load in flight per thread, a round trip to DRAM "
-                "after another: not timed."},
+     "changed": "The 16 sums reduce-scattered over the warp, one per lane: no spills. Staging keeps one "
+                "load in flight per thread, one DRAM round trip after another: not timed."},
     {"version": "v3: 8 loads in flight while staging", "variant": "ours",
-     "changed": "Staging issues 8 loads per thread before their stores: the default kernel, {vs_eager}× "
-                "eager. Its counters (Profile) point at issue slots and built-in waste, not memory."},
+     "changed": "8 loads per thread issued before their stores hide DRAM's latency: the default, "
+                "{vs_eager}× eager. Its counters point at issue slots and built-in waste."},
     {"version": "v3, filter depths unrolled 2×", "variant": "ours_kd2",
-     "changed": "The filter-depth loop unrolled twice (KB_P27_KD_UNROLL=2), for fewer address and loop "
-                "instructions per FFMA: {vs_ours}× v3's time, so not kept."},
+     "changed": "Fewer address and loop instructions per FFMA, but {vs_ours}× v3's time: the loop stays "
+                "rolled."},
     {"version": "v3, filter depths unrolled 4×", "variant": "ours_kd4",
-     "changed": "The whole filter in one unrolled body (KB_P27_KD_UNROLL=4): {vs_ours}× v3's time; the "
-                "default keeps the loop rolled."},
+     "changed": "The whole filter in one body: {vs_ours}× v3's time."},
     {"version": "v3 on the tensor cores (3xTF32)", "variant": "ours_tc",
-     "changed": "math='3xtf32': the convolution on mma.sync m16n8k8 with the tensor-core chapter's 3xTF32 "
-                "split, {vs_ours}× v3's time but with more error than FFMA (the Check): an option, not "
-                "the default."},
+     "changed": "mma.sync with the 3xTF32 split: {vs_ours}× v3's time, with more error than FFMA: an "
+                "option, not the default."},
 ]
 
 
@@ -421,7 +425,8 @@ def ladder(rec: dict, floor_ms: float, path=None, floors: Mapping[str, float] | 
     """The kernel's versions (``LADDER``, or a JSON list of the same at ``path``) with this record's
     times, where a version was timed, the share of the FFMA floor ``floor_ms`` each reached, the share
     of its own floor (``floors``: variant → ms, for a path on other units; else the FFMA floor), and what
-    changed, its ``{vs_eager}`` and ``{vs_ours}`` filled in from the record."""
+    changed, its ``{vs_eager}`` and ``{vs_ours}`` filled in from the record; ``provider`` as the record
+    declares the variant (a version that was not timed is ours)."""
     steps = json.loads(path.read_text()) if path else LADDER
     rows = []
     for s in steps:
@@ -437,8 +442,19 @@ def ladder(rec: dict, floor_ms: float, path=None, floors: Mapping[str, float] | 
                 said = said.replace(token, f"{(t / ms if ref == 'eager' else ms / t):.2f}")
         rows.append({"version": s["version"], "variant": v, "time (ms)": ms,
                      "% of FFMA peak": 100 * floor_ms / ms, "% of its floor": 100 * own / ms,
-                     "what changed": said})
+                     "floor (ms)": own, "what changed": said,
+                     "provider": rec.get("variants", {}).get(v, {}).get("provider", "ours")})
     return rows
+
+
+def ladder_table(steps: list[dict]):
+    """Our kernel's versions from ``ladder`` (the library paths left to the figure and the variants
+    table): each one's time and share of its own floor where it was timed, and what changed."""
+    import pandas as pd
+
+    ours = [s for s in steps if s["provider"] == "ours"]
+    cols = ["version", "time (ms)", "% of its floor", "what changed"]
+    return pd.DataFrame(ours)[cols].set_index("version")
 
 
 def floors(rec: dict, flop: float, dz: Mapping, n: int, tail_ms: float, mma3: float) -> dict[str, float]:
@@ -472,7 +488,7 @@ def floor_table(f: Mapping[str, float]):
     rows = [("FFMA peak", f["ffma"], f"the convolution's FLOP at SMs × lanes × 2 × the SM clock: "
              f"{tf(f['peak'])}", "“% of FFMA peak” below; the FFMA versions in the ladder"),
             ("FFMA, measured", f["measured"], f"the whole problem's FLOP at the roofline chapter's "
-             f"FFMA kernel's {tf(f['measured_rate'])}", "“% of floor” in the intro's results table"),
+             f"FFMA kernel's {tf(f['measured_rate'])}", "“% of floor” in the book's results table on the first page"),
             ("this design", f["design"], f"its issued FFMAs ({100 * f['useful']:.0f} % useful, the last "
              "wave partly empty) at the FFMA peak", "how near ours comes to its own plan"),
             ("3xTF32", f["tc"], f"the convolution's FLOP at {tf(f['mma3'])}: a third of the tensor-core "
@@ -483,22 +499,21 @@ def floor_table(f: Mapping[str, float]):
 
 
 def variants_table(rec: dict, names: list[str], flop: float, floor_ms: float):
-    """Every variant in ``names`` (``kb.measure.results``): its median, the convolution's TFLOP/s, the share
-    of the FFMA peak's floor ``floor_ms`` (not for the tensor-core paths), × eager, error vs float64 (for
-    ``CONV_ALONE``, of the convolution); a variant the record lacks keeps its row, its math "not in this
-    record", its numbers empty."""
+    """Every variant in ``names`` (``kb.measure.results``): its math, median, × eager, the share of the FFMA
+    peak's floor ``floor_ms`` (not for the tensor-core paths) and error vs float64 (for ``CONV_ALONE``, of the
+    convolution); a variant the record lacks keeps its row, its math "not in this record", its numbers
+    empty. ``flop`` is kept for callers; the chapter quotes TFLOP/s in its prose."""
     import pandas as pd
 
     from ..harness.measure import results
 
     have = [n for n in names if n in rec["timings_ms"]]
-    t = results(rec, have).drop(columns=["GB/s", "q20 ms", "q80 ms"], errors="ignore")
+    t = results(rec, have).drop(columns=["GB/s", "TFLOP/s", "q20 ms", "q80 ms"], errors="ignore")
     ms = t["median ms"]
-    t["TFLOP/s"] = flop / ms / 1e9                      # the convolution's FLOP
-    t["% of FFMA peak"] = (100 * floor_ms / ms).drop(["ours_tc", "cutlass_conv3d"], errors="ignore")
     t["× eager"] = ms["eager"] / ms
+    t["% of FFMA peak"] = (100 * floor_ms / ms).drop(["ours_tc", "cutlass_conv3d"], errors="ignore")
     t["error vs float64"] = pd.Series({k: e["rel_err"] for k, e in rec["variant_errors"].items()})
-    t = t.reindex(names)
+    t = t.drop(columns="provider", errors="ignore").reindex(names)
     t.loc[[n for n in names if n not in have], "math"] = "not in this record"
     return t
 
@@ -514,7 +529,7 @@ COUNTERS = {"ffma_share": "FFMA share of warp instructions, %",
 def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in: int, h: int,
                k: int, smem_limit: int):
     """The fused kernel's decomposition of one sample, from its constants and launch plan: which warp
-    of the first channel group computes each output value of depth 0 (left: a warp takes 32
+    of the first channel tile computes each output value of depth 0 (left: a warp takes 32
     consecutive items, each a row's block of columns, so whole output rows), and what one block
     stages in shared memory (right)."""
     import matplotlib.pyplot as plt
@@ -553,7 +568,8 @@ def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in
     left, handles = 0, []
     for label, size, colour in parts:
         bx.barh(0, size / 1024, left=left / 1024, height=0.6, color=colour, edgecolor="white")
-        handles.append(Patch(color=colour, label=f"{label}: {size / 1024:,.1f} KiB"))
+        thin = ", a sliver" if size < 0.02 * plan["smem_bytes"] else ""
+        handles.append(Patch(color=colour, label=f"{label}: {size / 1024:,.1f} KiB{thin}"))
         left += size
     bx.axvline(smem_limit / 1024, color="black", ls=":")
     handles.append(plt.Line2D([], [], color="black", ls=":", label=f"limit: {smem_limit / 1024:,.0f} KiB"))
@@ -569,10 +585,12 @@ def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in
     return fig
 
 
-def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float] | None = None):
+def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float] | None = None,
+                marks: Mapping[str, str] | None = None):
     """Horizontal bars of the timed versions (``ladder`` rows with a variant), log time, each labelled
     with its time and the share of its own floor; the FFMA floor dotted, other floors (``floors``:
-    name → ms) dash-dotted; coloured by the provider each variant declares in ``rec``."""
+    name → ms) dash-dotted, and a floor one variant has alone (``marks``: variant → name) as a solid
+    mark across its bar; coloured by the provider each variant declares in ``rec``."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
@@ -581,7 +599,7 @@ def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float
     timed = [s for s in steps if s["variant"]]
     ms = [s["time (ms)"] for s in timed]
     # 6.3 in at the style's 110 dpi is the page's text column: shown unscaled, 9 pt stays 9 pt
-    fig, ax = plt.subplots(figsize=(6.3, 0.3 * len(timed) + 1.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.3, 0.3 * len(timed) + 1.5), layout="constrained")
     ax.barh([s["version"] for s in timed], ms,
             color=[plots.colour(rec["variants"][s["variant"]]["provider"]) for s in timed])
     for y, (s, t) in enumerate(zip(timed, ms, strict=True)):
@@ -591,6 +609,11 @@ def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float
     lines = [(floor_ms, ":", "FFMA floor")] + [(x, "-.", name) for name, x in (floors or {}).items()]
     for x, ls, label in lines:
         ax.axvline(x, color=plots.CEILING, ls=ls, lw=1, label=f"{label}: {x:.2f} ms")
+    for y, s in enumerate(timed):
+        if s["variant"] in (marks or {}):
+            x = s["floor (ms)"]
+            ax.plot([x, x], [y - 0.42, y + 0.42], color="black", lw=2,
+                    label=f"{marks[s['variant']]}: {x:.2f} ms")
     ax.set(xscale="log", xlim=(min(x for x, _, _ in lines) * 0.8, max(ms) * 3),
            xlabel="median time (ms, log scale); beside each bar: time, % of its floor",
            title="P27, version by version")
@@ -598,7 +621,7 @@ def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float
     first = lambda v: round(v / 10 ** math.floor(math.log10(v)))  # noqa: E731  leading digit
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if first(v) in (2, 5) else ""))
-    ax.legend(loc="lower right", fontsize=9)
+    fig.legend(loc="outside lower center", ncol=3, fontsize=9, handlelength=1.6, columnspacing=1.2)
     ax.invert_yaxis()
     return fig
 
@@ -609,9 +632,10 @@ def design_rows(dz: Mapping, n: int, sms: int):
 
     return pd.Series({"channels × columns per thread": f"{dz['co_t']} × {dz['cols']}",
                       "threads per block (one block per sample)": dz["threads"],
-                      "channel groups × warps per group": f"{dz['groups']} × {dz['warps_per_group']}",
-                      "work items per sample and group": dz["items"],
-                      f"rounds of {dz['lanes_per_group']} lanes": dz["rounds"],
+                      "channel tiles × warps per tile": f"{dz['groups']} × {dz['warps_per_group']}",
+                      "work items per sample and tile": dz["items"],
+                      f"rounds (one item to each of a tile's {dz['lanes_per_group']} lanes)":
+                      dz["rounds"],
                       "useful fraction of issued FFMAs": f"{dz['useful']:.3f}",
                       f"waves of {n} blocks on {sms} SMs": f"{n / sms:.2f}"},
                      name="value").rename_axis("quantity")
