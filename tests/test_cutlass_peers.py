@@ -148,7 +148,6 @@ def test_definition_inputs_and_the_words_said_about_them():
     a, b = ins["products that cancel"]
     ab = (a.double() @ b.double()).abs()
     assert (ab < 0.05 * (a.abs().double() @ b.abs().double())).all()  # Σab ≪ Σ|ab|
-    rows = [{"input": "x", "path": "v5", "ratio": 1.5}, {"input": "y", "path": "v5", "ratio": 3.0},
-            {"input": "x", "path": "CUTLASS 3xTF32", "ratio": 2.5}]
-    assert kb.tensorcore.definition_sentence(rows) == ("versions 2–5 stay within twice its error on x, and miss it on "
-                                                       "y (3.0×); CUTLASS's 3xTF32 misses it on x (2.5×)")
+    rows = [{"input": "products that cancel", "path": p, "ratio": r} for p, r in (("v2", 3.0), ("v5", 4.0))]
+    rows += [{"input": "a shifted by +1000", "path": "CUTLASS 3xTF32", "ratio": 1.5}]
+    assert kb.tensorcore.definition_glue(rows) == {"def_v_cancel": 4.0, "def_cut_shift": 1.5}  # the worst of each

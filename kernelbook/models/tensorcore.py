@@ -89,8 +89,8 @@ def split_bound(truncated: int = 0) -> float:
     return (1 + 0.5 * (2 - truncated) + truncated) * TF32_UNIT_ROUNDOFF ** 2
 
 
-SPLIT_INPUTS = {"uniform [−1, 1)": (-1.0, 1.0, False), "2^±20, log-uniform": (-20.0, 20.0, True),
-                "1 to 1 + 2^-10": (1.0, 1 + 2**-10, False)}  # the last: near a binade's start, the worst case
+SPLIT_INPUTS = {"uniform [−1, 1)": (-1.0, 1.0, False), "2⁻²⁰ to 2²⁰, log-uniform": (-20.0, 20.0, True),
+                "1 to 1 + 2⁻¹⁰": (1.0, 1 + 2**-10, False)}  # the last: near a binade's start, the worst case
 
 
 def split_check(n: int = 1 << 20, seed: int = 0):
@@ -151,7 +151,7 @@ def gemm_bytes(m: int, n: int, k: int) -> int:
 
 
 VERSIONS = {  # version → what it changed (kernels/gemm_3xtf32.cu says how)
-    1: "split each fragment as loaded; three products chained on the accumulator over all of K",
+    1: "split each fragment as loaded; three products chained on one accumulator over K",
     2: "each 8-deep step from zero, joined to the accumulator by an FADD",
     3: "split once per element, as the slab is staged, into (hi, lo) pairs",
     4: "the independent steps interleaved in issue order",
@@ -226,21 +226,53 @@ def probe(pr) -> list[dict]:
     return rows
 
 
-def probe_verdict(rows: list[dict]) -> dict[str, str]:
-    """What the probe shows, in words: operands truncated or rounded; sums rounded to nearest or toward zero."""
+def mma_sum_model(addends, width: int = 25) -> float:
+    """One mma's float32 accumulation as the probe finds it: every addend (the products and C) is aligned to
+    the largest and cut toward zero ``width`` bits below that one's leading bit, and the sum of what is left
+    is cut toward zero to float32. Exact in float64 for the probe's few addends."""
+    import math
+
+    top = max((math.frexp(x)[1] for x in addends if x != 0), default=None)
+    if top is None:
+        return 0.0
+    q = 2.0 ** (top - 1 - width)  # frexp: 2^(e-1) <= |x| < 2^e
+    s = sum(math.trunc(x / q) * q for x in addends)
+    if s == 0:
+        return 0.0
+    ulp = 2.0 ** (math.frexp(s)[1] - 1 - 23)  # float32 keeps 23 bits after the leading one
+    return math.trunc(s / ulp) * ulp
+
+
+def probe_model(conv=truncate_tf32, width: int = 25) -> dict[str, float]:
+    """Each PROBE_CASES case as ``mma_sum_model`` predicts it, the operand first converted by ``conv``
+    (``truncate_tf32``: raw float32 bits; ``to_tf32``: after cvt.rna)."""
+    out = {}
+    for name, (a_val, c_val, terms) in PROBE_CASES.items():
+        a = float(conv(torch.tensor([a_val], dtype=torch.float32))[0])
+        out[name] = mma_sum_model([c_val] + [a] * terms, width)
+    return out
+
+
+def probe_misses(rows: list[dict]) -> list[str]:
+    """The probe's cases (``probe``'s rows) where the GPU's result differs from the model's, with raw bits or
+    after cvt.rna: empty when the rule of ``mma_sum_model`` explains every row."""
+    raw, rna = probe_model(truncate_tf32), probe_model(to_tf32)
+    return [f"{r['case']} ({col})" for r in rows for col, model in (("mma, raw bits", raw), ("mma, cvt.rna", rna))
+            if r[col] != model[r["case"]]]
+
+
+def probe_glue(rows: list[dict]) -> dict[str, float]:
+    """The probe's numbers the chapter quotes: the operand case, raw and rounded; the sums that show the
+    truncation (with float32's nearest beside the first) and the cut before the sum; and what cutting the
+    exact sum 1 − 2⁻²⁶ to float32 would give instead (the float32 below 1)."""
     r = {row["case"]: row for row in rows}
-    op = r["operand 1 + 2⁻¹¹ + 2⁻¹³ (× 1)"]
-    up, down = r["sum 1 + 1.5·2⁻²⁴"], r["sum −1 − 1.5·2⁻²⁴"]
-    lost, kept = r["sum 1 − 2⁻²⁶"], r["sum 1 + 8 × 2⁻²⁵"]
-    if lost["mma, raw bits"] == 1.0 and kept["mma, raw bits"] == kept["exact"]:
-        align = ("1 − 2⁻²⁶ comes back as 1, while eight addends of 2⁻²⁵ survive together: the products are aligned "
-                 "to the largest addend, cut to a fixed width, summed, and cut to float32")
-    else:
-        align = f"1 − 2⁻²⁶ comes back as {lost['mma, raw bits']:.9g}, 1 + 8 × 2⁻²⁵ as {kept['mma, raw bits']:.9g}"
-    return {"probe_align": align,
-            "probe_operand": "drops them (truncates)" if op["mma, raw bits"] == 1.0 else "rounds them",
-            "probe_sum": "toward zero" if up["mma, raw bits"] == 1.0 and down["mma, raw bits"] == -1.0
-            else "to nearest" if up["mma, raw bits"] == up["float32 nearest"] else "in another direction"}
+    op, up, down = r["operand 1 + 2⁻¹¹ + 2⁻¹³ (× 1)"], r["sum 1 + 1.5·2⁻²⁴"], r["sum −1 − 1.5·2⁻²⁴"]
+    lost, kept, gone = r["sum 1 − 2⁻²⁶"], r["sum 1 + 8 × 2⁻²⁵"], r["sum 1 + 8 × 2⁻²⁶"]
+    raw = "mma, raw bits"
+    return {"probe_op_raw": op[raw], "probe_op_rna": op["mma, cvt.rna"], "probe_up": up[raw],
+            "probe_up_rn": up["float32 nearest"], "probe_down": down[raw], "probe_lost": lost[raw],
+            "probe_below": mma_sum_model([1.0, -(2.0**-26)], width=60), "probe_kept": kept[raw],
+            "probe_gone": gone[raw]}
 
 
 def mma_ceiling(pr, blocks: int, iters: int, seed: int = 0):
@@ -311,13 +343,8 @@ torch.cuda.synchronize()
 
 
 # Why warps wait, for versions 2 and 5: Nsight Compute's warps stalled per issued instruction, by reason (the same
-# reasons chapter 8 reads), and what each reason means for a kernel like this one.
+# reasons chapter 8 reads).
 NCU_STALLS = [STALL.format(s) for s in STALLS]
-STALL_WORDS = {"short_scoreboard": "a shared-memory result", "mio_throttle": "a full shared-memory queue",
-               "barrier": "a __syncthreads", "long_scoreboard": "a global-memory load",
-               "not_selected": "ready; another warp issued", "wait": "a fixed latency",
-               "math_pipe_throttle": "a busy math pipe", "dispatch_stall": "the dispatcher",
-               "no_instruction": "an instruction fetch", "lg_throttle": "a full global-memory queue"}
 
 
 def ncu_rows(rec: dict, chapter: str, variants: list[str]) -> None:
@@ -349,19 +376,21 @@ def stall_table(rows: list[dict], variants=("v2_3xtf32", "v5_3xtf32"), top: int 
     return t.rename(columns=lambda v: v.split("_")[0]).rename_axis("stalled for")  # v2_3xtf32 → v2
 
 
-def stall_said(table, names=None) -> str:
-    """What ``stall_table`` says, as a Markdown sentence: per variant, its two largest stall reasons that cost
-    time (*not selected* is a warp ready while another issued), each with its meaning and warps per issued
-    instruction; or, without a table, that the record holds no stall reasons."""
-    if table.empty:
-        return "Which stalls held them, Nsight Compute's stall reasons, is not in this record."
-    names = names or {v: f"version {v[1]}" for v in table.columns}
-    parts = []
-    for n, v in enumerate(table.columns):
-        lost = table[v].drop("not_selected", errors="ignore").sort_values(ascending=False)[:2]
-        said = [f"`{r}` (waiting for {STALL_WORDS.get(r, r.replace('_', ' '))}, {x:.2f})" for r, x in lost.items()]
-        parts.append(f"{names[v]}'s {'warps were stalled most ' if n == 0 else ''}for " + " and ".join(said))
-    return "Per issued instruction (the table), " + "; ".join(parts) + "."
+def stall_glue(rec: dict, nc, warps_per_scheduler: float) -> dict:
+    """What the Profile quotes of a record's stall rows (``rec["ncu_stalls"]``, every reason) for versions 2
+    and 5: version 2's fixed-latency stalls; version 5's math-pipe and fixed-latency stalls, its shared-memory
+    stalls together (a full queue, a result awaited), all of its stalls and not-selected cycles summed, the
+    cycles each of its warps takes per instruction issued, from its share of issue slots (``nc``:
+    ``ncu_table``) and its warps per scheduler — that sum plus the issuing cycle, as a check."""
+    rows = rec.get("ncu_stalls", [])
+    if not rows:  # an ncu that refused the stall metrics: the prose shows nan
+        return dict.fromkeys(["wait_v2", "mpt_v5", "wait_v5", "smem_v5", "stall_sum_v5", "issue_v5_frac",
+                              "cyc_v5"], float("nan"))
+    table, issue_pct = stall_table(rows, top=len(STALLS)), nc.loc["v5_3xtf32", "issue %"]
+    v2, v5 = table["v2"], table["v5"]
+    return {"wait_v2": v2["wait"], "mpt_v5": v5["math_pipe_throttle"], "wait_v5": v5["wait"],
+            "smem_v5": v5["mio_throttle"] + v5["short_scoreboard"], "stall_sum_v5": v5.sum(),
+            "issue_v5_frac": issue_pct / 100, "cyc_v5": warps_per_scheduler / (issue_pct / 100)}
 
 
 SHORT_RESOURCES = {"registers": "regs", "smem_bytes": "static smem B", "stack_bytes": "stack B",
@@ -381,9 +410,14 @@ def resources(arch: str = "90"):
     ptx = build.ptx_instructions("gemm_3xtf32", "gemm_tf32_v5_kernelILi3E")
     mma_ops = [op for op in ptx if op.startswith("mma.sync")]
     v5 = res[res.kernel.str.contains("v5")]
+    v34 = res[res.kernel.str.startswith("gemm_tf32_v3_kernel<3")]  # versions 3 and 4 (interleaved)
+    three = res.set_index("kernel")["registers"]
     glue = {"ptx_mma": len(mma_ops), "regs_v5": v5.registers.max(), "spill_v5": v5.spill_store_bytes.max(),
             "stack_v5": v5.stack_bytes.max(), "spill_ld_v5": v5.spill_load_bytes.max(),
-            "ptx_ldmatrix": ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16")}
+            "ptx_ldmatrix": ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+            "regs_v1": three["gemm_tf32_kernel<3, 1>"], "regs_v2": three["gemm_tf32_kernel<3, 0>"],
+            "regs_v34": v34.registers.max(), "spill_v34": v34.spill_store_bytes.max(),
+            "spill_ld_v34": v34.spill_load_bytes.max()}
     return res.drop(columns=["arch"]).set_index("kernel").rename(columns=SHORT_RESOURCES), glue, mma_ops
 
 
@@ -401,7 +435,8 @@ def ncu_glue(nc, which: list[str]) -> dict:
             "ipm_peak": npk[per], "cycles": cycles, "warps_v5": n5["warps %"], "ipm_v5": n5[per],
             "ipm_v2": n2[per], "need_v5": 100 * n5[per] / cycles, "cap_v2": 100 * cycles / n2[per],
             "tp_cublas": ncb["tensor pipe %"], "warps_cublas": ncb["warps %"],
-            "bank_v5": n5["smem bank conflicts"], "tc_v5": n5["TC instr."]}
+            "bank_v5": n5["smem bank conflicts"], "tc_v5": n5["TC instr."],
+            "issue_peak_frac": npk["issue %"] / 100}
 
 
 def ncu_table(rows: list[dict]):
@@ -497,20 +532,34 @@ def plot_error_growth(ax, grow) -> None:
     ax.legend(fontsize=8)
 
 
+CUTLASS_COLOUR = "#76b900"  # CUTLASS's kernels, in both of the chapter's figures
+
+
+def rate_name(variant: str) -> str:
+    """A variant of the 8192³ table as a figure names it: cuBLAS SGEMM, "ours, v5", "CUTLASS 3xTF32, 128×64"."""
+    if variant.startswith("cutlass_"):
+        _, math, tile = variant.split("_")
+        return f"CUTLASS {math.replace('xtf', 'xTF').replace('tf32', 'TF32')}, {tile.replace('x', '×')}"
+    return variant.replace("eager_fp32", "cuBLAS SGEMM").replace("ours_", "ours, ")
+
+
 def plot_rates(ax, tflops, lines: dict[str, float]) -> None:
-    """Horizontal bars of TFLOP/s per variant (``tflops``, a Series; cuBLAS grey, ours red), each labelled
-    with its value, and a dotted vertical line per ceiling in ``lines`` (name → TFLOP/s), named beside
-    it above the bars."""
+    """Horizontal bars of TFLOP/s per variant (``tflops``, a Series; cuBLAS grey, ours red, CUTLASS green),
+    each labelled with its value, and a dotted vertical line per ceiling in ``lines`` (name → TFLOP/s),
+    named beside it above the bars, each name on a row of its own, to three significant figures as the
+    chapter's prose gives them."""
     from ..harness.plots import BASELINE, CEILING, OURS
 
-    names = [n.replace("eager_fp32", "cuBLAS SGEMM").replace("ours_", "ours, ") for n in tflops.index]
-    ax.barh(names, tflops, color=[BASELINE if n.startswith("cuBLAS") else OURS for n in names])
+    names = [rate_name(n) for n in tflops.index]
+    colours = [BASELINE if n.startswith("cuBLAS") else CUTLASS_COLOUR if n.startswith("CUTLASS") else OURS
+               for n in names]
+    ax.barh(names, tflops, color=colours)
     for y, v in enumerate(tflops):
-        ax.text(v + 1, y, f"{v:.1f}", va="center", fontsize=8)
-    for name, x in lines.items():
+        ax.text(v + 1, y, f"{v:.1f}", va="center", fontsize=9)
+    for i, (name, x) in enumerate(sorted(lines.items(), key=lambda kv: kv[1])):  # one row each, lowest first
         ax.axvline(x, color=CEILING, ls=":")
-        ax.text(x - 1, -0.85, f"{name}: {x:.0f}", fontsize=8, ha="right", va="center")
-    ax.set_ylim(len(tflops) - 0.5, -1.3)  # top to bottom, with a row for the ceilings' names
+        ax.text(x - 1, -0.9 - 0.8 * i, f"{name}: {x:.3g}", fontsize=9, ha="right", va="center")
+    ax.set_ylim(len(tflops) - 0.5, -0.6 - 0.8 * len(lines))  # top to bottom, rows for the ceilings' names
     ax.set_xlim(0, max(lines.values()) * 1.05)
     ax.set_xlabel("TFLOP/s (2·M·N·K / median time)")
 
@@ -537,7 +586,7 @@ def ceiling_clocks(pr, variants: dict, blocks: int, reps: int = 10) -> dict[str,
 # Each ceiling's row: its name, the instruction it issues, and the variant (or record) its rate comes from.
 CEILINGS = [("FFMA (chapter 3)", "FFMA", "ffma"), ("cuBLAS float32", "FFMA", "eager_fp32"),
             ("cuBLAS TF32", "wgmma", "eager_tf32"), ("mma.sync TF32, constant operands", "mma.sync", "mma_peak"),
-            ("mma.sync TF32, varying operands (the ceiling)", "mma.sync", "mma_ceiling")]
+            ("mma.sync TF32, varying (the ceiling)", "mma.sync", "mma_ceiling")]
 
 
 def ceilings_table(ch3: dict, t_ceil, rec: dict):
@@ -563,20 +612,22 @@ def ceilings_table(ch3: dict, t_ceil, rec: dict):
                           for n, ins, k in CEILINGS]).set_index("rate")
     glue = {"ffma_tflops": ffma, "tf32_over_ffma": tflops["eager_tf32"] / ffma, "mma_tflops": mma,
             "mma_const_tflops": tflops["mma_peak"], "mma3": mma / 3, "wgmma3": tflops["eager_tf32"] / 3,
-            "tf32_tflops": tflops["eager_tf32"], "mma_clock_ghz": rec.get("mma_clock_ghz") or float("nan")}
+            "tf32_tflops": tflops["eager_tf32"], "mma_clock_ghz": rec.get("mma_clock_ghz") or float("nan"),
+            "tf32_ghz": after.get("eager_tf32", float("nan"))}
     return table, glue, ffma, mma / 3
 
 
 def cutlass_glue(t, err: dict, ours: str) -> dict:
     """The numbers the chapter quotes about CUTLASS's GEMMs in the 8192³ table ``t`` (variants cutlass_*): the
-    fastest 3xTF32 tile's rate, name, error, its ratio to ``ours`` and its % of the mma.sync ceiling; the fastest
-    plain TF32 tile's rate."""
+    fastest 3xTF32 tile's rate, block tile, error, its ratio to ``ours`` and its % of the mma.sync ceiling; the
+    fastest plain TF32 tile's rate and its % of that arithmetic's ceiling."""
     c3 = t[t.index.str.startswith("cutlass_3xtf32")]["TFLOP/s"]
     c1 = t[t.index.str.startswith("cutlass_tf32")]["TFLOP/s"]
     best = c3.idxmax()
-    return {"cutlass3_tflops": c3.max(), "cutlass3_best": best, "cutlass3_err": err[best],
-            "cutlass3_vs_v5": c3.max() / t.loc[ours, "TFLOP/s"],
-            "cutlass3_pct": t.loc[best, "% of mma.sync ceiling"], "cutlass1_tflops": c1.max()}
+    return {"cutlass3_tflops": c3.max(), "cutlass3_tile": best.split("_")[-1].replace("x", " × "),
+            "cutlass3_err": err[best], "cutlass3_vs_v5": c3.max() / t.loc[ours, "TFLOP/s"],
+            "cutlass3_pct": t.loc[best, "% of mma.sync ceiling"], "cutlass1_tflops": c1.max(),
+            "cutlass1_pct": t.loc[c1.idxmax(), "% of mma.sync ceiling"]}
 
 
 # The inputs of the book's definition of float32-accurate (the method chapter) beyond uniform [-1, 1): a shifted
@@ -632,32 +683,37 @@ def definition_table(rows: list[dict]):
     """``definition_rows`` as input × path → error over cuBLAS float32's."""
     import pandas as pd
 
-    short = {"a shifted by +1000": "A + 1000", "products that cancel": "cancelling", "magnitudes 2^-60 … 2^60": "2^±60"}
+    short = {"a shifted by +1000": "A + 1000", "products that cancel": "cancelling",
+             "magnitudes 2^-60 … 2^60": "2⁻⁶⁰ to 2⁶⁰"}
     table = pd.DataFrame(rows).pivot(index="input", columns="path", values="ratio")
     return table.reindex(list(dict.fromkeys(r["input"] for r in rows))).rename(index=lambda i: short.get(i, i))
 
 
-DEFINITION_WORDS = {"a shifted by +1000": "A shifted by 1,000", "products that cancel": "cancelling products",
-                    "magnitudes 2^-60 … 2^60": "magnitudes from 2⁻⁶⁰ to 2⁶⁰"}
+DEFINITION_KEYS = {"a shifted by +1000": "shift", "products that cancel": "cancel", "magnitudes 2^-60 … 2^60": "wide"}
 
 
-def definition_sentence(rows: list[dict]) -> str:
-    """What the definition's rows say, in words, for our versions and for CUTLASS apart: the inputs where every
-    path of the group is within 2× cuBLAS float32, and those where its worst path is not (with that ratio)."""
-    parts = []
-    groups = (("v", "versions 2–5", ("stay", "miss")), ("CUTLASS", "CUTLASS's 3xTF32", ("stays", "misses")))
-    for group, who, verbs in groups:
-        worst = {}
-        for r in rows:
-            if r["path"].startswith(group):
-                name = DEFINITION_WORDS.get(r["input"], r["input"])
-                worst[name] = max(worst.get(name, 0.0), r["ratio"])
-        ok = [k for k, v in worst.items() if v <= 2]
-        miss = [f"{k} ({v:.1f}×)" for k, v in worst.items() if v > 2]
-        said = [f"{verbs[0]} within twice its error on {', '.join(ok)}"] if ok else []
-        said += [f"{verbs[1]} it on {', '.join(miss)}"] if miss else []
-        parts.append(f"{who} " + ", and ".join(said))
-    return "; ".join(parts)
+def definition_glue(rows: list[dict]) -> dict[str, float]:
+    """The definition's rows as the chapter quotes them: per input class, the worst ratio to cuBLAS float32's
+    error of versions 2–5 (``def_v_shift``, ``def_v_cancel``, ``def_v_wide``) and of CUTLASS's 3xTF32
+    (``def_cut_…``); at most 2 is float32-accurate by the book's definition."""
+    out: dict[str, float] = {}
+    for r in rows:
+        key = f"def_{'cut' if r['path'].startswith('CUTLASS') else 'v'}_{DEFINITION_KEYS[r['input']]}"
+        out[key] = max(out.get(key, 0.0), r["ratio"])
+    return out
+
+
+def check_glue(chk, definition: list[dict]) -> dict:
+    """What the Check quotes of ``check_versions``'s rows (``chk``, a DataFrame) for versions 2–5: their worst
+    error over cuBLAS float32's, on which shape and with which two errors; the worst on shapes with K of at
+    least 20 (where the errors are more than a few roundings); and the definition's ratios
+    (``definition_glue``)."""
+    ok = chk[chk.version > 1]
+    ratio = ok["3xTF32"] / ok["cuBLAS float32"]
+    deep = ok["shape"].str.split("×").str[2].astype(int) >= 20
+    w = ok.loc[ratio.idxmax()]
+    return {"worst_ratio": ratio.max(), "worst_shape": w["shape"], "worst_ours": w["3xTF32"],
+            "worst_cublas": w["cuBLAS float32"], "ratio_k20": ratio[deep].max(), **definition_glue(definition)}
 
 
 def version_table(chk):
