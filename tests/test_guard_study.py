@@ -260,7 +260,7 @@ def test_chapter_glue_words_and_ratios():
     assert glue["nat_paths"] == "the moments for P73's init and Sobel; the in-place path for Laplacian"
     assert glue["nat_ratio_moments"] == pytest.approx(0.88) and glue["nat_ratio"] == pytest.approx(0.88)
     assert glue["nat_kappa_max"] == 472.0 and glue["nat_allowed"] == 8.8e-7 and glue["u_eff_tc"] == 0.5
-    assert gs.natural_table({"rows": rows})["predicted"].isna().all()  # a record without the predictions
+    assert gs.natural_table({"rows": rows})["E"].isna().all()  # a record without the predictions
     g = gs.guard_glue({}, "3xtf32")
     assert g["g_spread"] == 2.0 and math.isnan(g["g_ill_predicted"])
     assert g["g_allowed"] == pytest.approx(math.sqrt(3 * 72) * gs.U)

@@ -641,9 +641,10 @@ def ncu_numbers(ncu, ncu_rec: dict, out_bytes: int, macs: int) -> dict:
 
 def draw_p73_tile(config, out_hw: tuple[int, int], k: int = 3):
     """Chapter 7's FFMA convolution tile, from its build's ``config()`` (RPT, CO_T, GROUPS, WROWS, …,
-    shared-memory bytes of the eval kernel, of the training kernel): which warp owns which channels and
-    which lane which columns. The tile's width follows from the eval kernel's shared memory (two input
-    buffers of 8 channels × (rows + k − 1) × (width + 4) floats, then the weights). Returns the figure."""
+    shared-memory bytes of the eval kernel, of the training kernel): above, which warp of a block owns which
+    channels; below, one warp zoomed in, which lane owns which columns. The tile's width follows from the eval
+    kernel's shared memory (two input buffers of 8 channels × (rows + k − 1) × (width + 4) floats, then the
+    weights). Returns the figure."""
     import matplotlib.pyplot as plt
 
     from ..harness import plots
@@ -651,31 +652,45 @@ def draw_p73_tile(config, out_hw: tuple[int, int], k: int = 3):
     rpt, co_t, groups, wrows, *_, smem_eval, _ = config
     tile_h = rpt * wrows
     tile_w = (smem_eval // 4 - 8 * k * k * co_t * groups) // (16 * (tile_h + k - 1)) - 4
-    fig, ax = plt.subplots(figsize=(8.5, 3.9))
-    for g in range(groups):  # warp g owns co_t channels; lane l owns columns 2l, 2l + 1, …
-        for lane in range(32):
-            for c in (2 * lane, tile_w // 2 + 2 * lane):
-                color = plots.OURS if lane % 2 == 0 else plots.BASELINE
-                ax.add_patch(plt.Rectangle((c, g), 2, 0.9, lw=0, color=color))
-    for c in (2, tile_w // 2 + 2):  # lane 1's columns in each half
-        ax.add_patch(plt.Rectangle((c, 0), 2, groups, fill=False, lw=1.5, ec="black"))
-    ax.axvline(tile_w // 2, color="black", lw=1)
-    ax.text(tile_w // 4, -0.25, "left half", ha="center", fontsize=9)
-    ax.text(3 * tile_w // 4, -0.25, "right half", ha="center", fontsize=9)
-    if out_hw[1] % tile_w:  # the last tile of a row computes columns beyond the plane's edge
-        edge = out_hw[1] % tile_w
-        ax.add_patch(plt.Rectangle((edge, 0), tile_w - edge, groups, fill=False, hatch="///", lw=0,
-                                   ec=plots.CEILING))
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=plots.OURS, label="even lanes"),
-                       plt.Rectangle((0, 0), 1, 1, color=plots.BASELINE, label="odd lanes"),
-                       plt.Rectangle((0, 0), 1, 1, fill=False, lw=1.5, ec="black",
-                                     label=f"lane 1: columns 2, 3, {tile_w // 2 + 2}, {tile_w // 2 + 3}"),
-                       plt.Rectangle((0, 0), 1, 1, fill=False, hatch="///", ec=plots.CEILING,
-                                     label=f"past the plane's {out_hw[1]} columns")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, fontsize=9)
-    ax.set(xlim=(0, tile_w), ylim=(groups, 0), yticks=[g + 0.45 for g in range(groups)],
-           yticklabels=[f"warp {g}: ch {g * co_t}–{g * co_t + co_t - 1}" for g in range(groups)],
-           xlabel="column in the tile (lane l: 2l, 2l + 1 and the same in the right half)")
-    ax.set_title(f"a block's {tile_h}×{tile_w} tile of a {out_hw[0]}×{out_hw[1]} plane: each thread computes\n"
-                 f"its columns for {co_t} channels and both of the tile's {rpt} rows", pad=16)
+    half, wo = tile_w // 2, out_hw[1]
+    tiles = -(-wo // tile_w)  # tiles across a row of the plane
+    idle = tiles * tile_w - wo  # columns of the last tile past the plane's edge
+    fig, (top, low) = plt.subplots(2, 1, figsize=(8.5, 3.9), height_ratios=(groups, 5.5),
+                                   layout="constrained")
+    hatch = dict(fill=False, hatch="///", lw=0, ec=plots.CEILING)
+    for g in range(groups):  # above: warp g owns channels co_t·g … for every column of the tile
+        top.add_patch(plt.Rectangle((0, g), tile_w, 0.86, lw=0,
+                                    color=plots.OURS if g == 0 else plots.BASELINE, alpha=0.85))
+    top.add_patch(plt.Rectangle((tile_w - idle, 0), idle, groups, **hatch))
+    top.axvline(half, color="black", lw=1)
+    top.set(xlim=(0, tile_w), ylim=(groups, 0), yticks=[g + 0.43 for g in range(groups)],
+            yticklabels=[f"warp {g}: ch {g * co_t}–{g * co_t + co_t - 1}" for g in range(groups)],
+            xticks=range(0, tile_w + 1, 16), xlabel="column in the tile")
+    top.tick_params(labelsize=8)
+    top.set_title(f"a block's {tile_h}×{tile_w} tile: the whole width of a {out_hw[0]}×{wo} plane "
+                  f"({tiles} tile per row), {co_t * groups} channels", fontsize=10)
+    for r in range(2):  # below: warp 0 zoomed, lane l owns 2l, 2l + 1 in each half (row r)
+        for lane in range(half // 2):
+            colour = plots.OURS if lane % 2 == 0 else "#f1948a"
+            low.add_patch(plt.Rectangle((2 * lane, r), 2, 0.8, color=colour, ec="white", lw=0.8))
+            low.text(2 * lane + 1, r + 0.4, str(lane), ha="center", va="center", fontsize=9,
+                     color="white" if lane % 2 == 0 else "black")
+        low.add_patch(plt.Rectangle((2, r), 2, 0.8, fill=False, lw=1.8, ec="black"))
+    if idle:
+        low.add_patch(plt.Rectangle((half - idle, 1), idle, 0.8, **hatch))
+    low.set(xlim=(0, half), ylim=(1.85, -0.05), yticks=[0.4, 1.4],
+            yticklabels=[f"columns 0–{half - 1}", f"columns {half}–{tile_w - 1}"],
+            xticks=range(0, half + 1, 8),
+            xlabel="column within the half: lane l owns 2l and 2l + 1 (the numbers are lanes)")
+    low.tick_params(labelsize=8)
+    low.set_title(f"warp 0 zoomed in, lanes 0–31: each lane computes 4 columns × {rpt} rows × {co_t} "
+                  f"channels = {4 * rpt * co_t} outputs", fontsize=10)
+    for ax in (top, low):
+        ax.grid(False)
+    handles = [plt.Rectangle((0, 0), 1, 1, fill=False, lw=1.8, ec="black",
+                             label=f"lane 1: columns 2, 3, {half + 2}, {half + 3}")]
+    if idle:
+        handles.append(plt.Rectangle((0, 0), 1, 1, **hatch,
+                                     label=f"past the plane's {wo} columns: idle in every tile"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False, fontsize=9)
     return fig

@@ -507,13 +507,14 @@ def verdicts(df):
     return pd.DataFrame(rows).set_index("case")
 
 
-NATURAL_COLUMNS = {"default_predicted": "predicted", "default_choice": "path",
-                   "default_ms": "ms", "default_rel_err": "error", "eager_rel_err": "eager",
+NATURAL_COLUMNS = {"rho_pivot_rms": "ρ (rms)",
+                   "default_predicted": "E", "default_choice": "path",
+                   "default_rel_err": "error", "eager_rel_err": "eager",
                    "moments_fp32_rel_err": "forced FFMA", "moments_3xtf32_rel_err": "forced 3xTF32"}
 
 
-NATURAL_FORMATS = {"ms": "time",
-                   **dict.fromkeys(["predicted", "error", "eager", "forced FFMA", "forced 3xTF32"], "err")}
+NATURAL_FORMATS = {"ρ (rms)": "{:.1f}",
+                   **dict.fromkeys(["E", "error", "eager", "forced FFMA", "forced 3xTF32"], "err")}
 SHORT = {"kaiming_uniform": "P73's init", "sobel_x_one": "Sobel", "laplacian_one": "Laplacian",
          "gabor_one": "Gabor", "random_normal": "random"}  # filter sets as the chapter names them
 NATURAL_FILTERS = ("kaiming_uniform", "sobel_x_one", "laplacian_one", "gabor_one", "random_normal")
@@ -559,9 +560,10 @@ def _listed(names: Sequence[str]) -> str:
 
 
 def chapter_glue(nat: dict) -> dict:
-    """The numbers the capstone's prose quotes from ``chapter_check``'s record (``nat``): batch size, largest κ,
-    the default's paths in words, its error's largest ratio to eager float32's (over all filter sets, and where it
-    took the moments), worst errors, the guard's allowance, and u_eff per math in units of 2⁻²⁴."""
+    """The numbers the capstone's prose quotes from ``chapter_check``'s record (``nat``): batch size, largest κ
+    and ρ (rms over channels), the default's paths in words, its error's largest ratio to eager float32's (over all
+    filter sets, and where it took the moments), worst errors, the guard's allowance, the default call's slowest
+    time on each path, and u_eff per math in units of 2⁻²⁴."""
     rows = nat["rows"]
     by_path = {p: [SHORT.get(r["filters"], r["filters"]) for r in rows if r["default_choice"] == p]
                for p in ("moments", "inplace")}
@@ -569,7 +571,11 @@ def chapter_glue(nat: dict) -> dict:
                       for p, names in by_path.items() if names)
     ratio = {p: max((r["default_rel_err"] / r["eager_rel_err"] for r in rows if p in (None, r["default_choice"])),
                     default=float("nan")) for p in (None, "moments")}
+    ms = {p: max((r.get("default_ms", float("nan")) for r in rows if r["default_choice"] == p),
+                 default=float("nan")) for p in ("moments", "inplace")}
     return {"nat_n": int(nat.get("n", 128)), "nat_kappa_max": max(r["kappa_pivot_max"] for r in rows),
+            "nat_rho_max": max(r.get("rho_pivot_rms", float("nan")) for r in rows),
+            "nat_ms_moments": ms["moments"], "nat_ms_inplace": ms["inplace"],
             "nat_paths": words, "nat_worst": max(r["default_rel_err"] for r in rows),
             "nat_eager": max(r["eager_rel_err"] for r in rows),
             "nat_ratio": ratio[None], "nat_ratio_moments": ratio["moments"],
@@ -663,7 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_build = clock.perf_counter()
     mod = build.load("conv_bn_scale")
     rec = records.new("guard_study", kernels=["conv_bn_scale"])
-    meta = {"provenance": rec["provenance"], "build_s": clock.perf_counter() - t_build, "args": {**vars(args), "out": str(args.out)},
+    meta = {"provenance": rec["provenance"], "build_s": clock.perf_counter() - t_build,
+            "args": {**vars(args), "out": str(args.out)},
             "natural_images": natural, "guard_model": {m: mod.raw.guard_model(m) for m in ("fp32", "3xtf32")},
             "default_math": mod.raw.conv_bn_scale_math(sections["p73"][0].x[:1].cuda(), "auto"), "tol": TOL,
             "sections": {k: [c.name for c in v] for k, v in sections.items()}, "section_s": {}, "skipped": [],

@@ -93,10 +93,17 @@ def backward_checks(make_fused, models: dict[str, nn.Module], x: torch.Tensor, s
 
 
 def backward_table(rec: dict):
-    """The record's backward checks as a table, with each error's ratio to eager float32's."""
+    """The record's backward checks as a table, with each error's ratio to eager float32's. A gradient that is
+    exactly 0 (checked with tolerance 0, where a relative error means nothing) shows its largest absolute value
+    in the error columns, ours and eager's, and says so in its label."""
     import pandas as pd
 
     bw = pd.DataFrame(rec["checks"]).T.filter(like="backward_", axis=0)
+    if "eager_max_abs" in bw:
+        zero = bw["eager_max_abs"].notna() & bw["tol"].astype(float).eq(0)
+        bw.loc[zero, "rel_err"] = bw.loc[zero, "max_abs_err"]
+        bw.loc[zero, "eager_rel_err"] = bw.loc[zero, "eager_max_abs"]
+        bw = bw.rename(index={k: f"{k} (exactly 0: max abs)" for k in bw.index[zero]})
     return bw.assign(**{"ratio to eager": bw["rel_err"].astype(float) / bw["eager_rel_err"].astype(float)})
 
 
@@ -150,7 +157,7 @@ def draw_lag_sums(c_in: int = 8, k: int = 3, hw: int = 7, tap: tuple[int, int] =
     a and b = a + d of a k×k filter, the (2k − 1)² lags d between two taps (those with d₁ ≥ 0 summed, the rest
     by symmetry), and, for tap ``tap`` and lag ``lag``, the full-plane lag sum Σ_q x_i(q)·x_j(q + d) beside
     the window of q that one entry of Σ needs — the plane less two border rows and two border columns, plus
-    the four corners they both removed. ``at``: the output position whose patch is drawn. Returns the figure."""
+    the four corners they both removed. ``at``: the output position o whose patch is drawn. Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -194,7 +201,7 @@ def draw_lag_sums(c_in: int = 8, k: int = 3, hw: int = 7, tap: tuple[int, int] =
     ax_l.set_yticks([r + 0.5 for r in range(n_lag)], [str(r - k + 1) for r in range(n_lag)], fontsize=9)
     ax_l.set(xlabel="d₂ (columns)", ylabel="d₁ (rows)")
 
-    rows_out = [r for r in range(hw) if not a1 <= r < a1 + out]  # (c) the plane, q = p + a
+    rows_out = [r for r in range(hw) if not a1 <= r < a1 + out]  # (c) the plane, q = o + a
     cols_out = [c for c in range(hw) if not a2 <= c < a2 + out]
     for r in range(hw):
         for c in range(hw):
@@ -217,8 +224,8 @@ def draw_lag_sums(c_in: int = 8, k: int = 3, hw: int = 7, tap: tuple[int, int] =
                Rectangle((0, 0), 1, 1, color=corner, label="corner: subtracted twice, added once"),
                Rectangle((0, 0), 1, 1, fill=False, hatch="///", ec="#566573",
                          label="product 0: x_j(q+d) off the plane"),
-               Rectangle((0, 0), 1, 1, fill=False, ec="black", lw=2, label="window: q = p + a for every output p"),
-               Rectangle((0, 0), 1, 1, fill=False, ec="black", lw=1.3, ls="--", label="the patch of one output p")]
+               Rectangle((0, 0), 1, 1, fill=False, ec="black", lw=2, label="window: q = o + a for every output o"),
+               Rectangle((0, 0), 1, 1, fill=False, ec="black", lw=1.3, ls="--", label="the patch of one output o")]
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=9, handlelength=1.6)
     for ax, n in ((ax_t, k), (ax_l, n_lag), (ax_p, hw)):
         ax.set(xlim=(-0.05, n + 0.05), ylim=(n + 0.05, -0.05), aspect="equal")
@@ -228,6 +235,11 @@ def draw_lag_sums(c_in: int = 8, k: int = 3, hw: int = 7, tap: tuple[int, int] =
         if ax is not ax_l:
             ax.set(xticks=[], yticks=[])
     return fig
+
+
+# Chapter 7's kernel files, less the shared headers chapters 1 and 6 show (bn_stats.cuh, welford.cuh, tf32.cuh)
+P73_OWN_SOURCES = ("conv_bn_scale.cu", "conv_bn_scale.cpp", "conv_bn_scale.h", "tc_rates.h", "conv_moments.cuh",
+                   "conv_tf32.cuh")
 
 
 CALL_PHASES = (  # (phase of one training-mode forward, colour, substrings of its kernels' names), in launch order
@@ -261,15 +273,16 @@ def call_phases(kernel_rows, variant: str) -> list[tuple[str, float]]:
 def draw_call_phases(kernel_rows, timings_ms, rows: dict[str, str] = P73_CALL_ROWS):
     """One training-mode forward of each strategy as a timeline: a bar per kernel, its length the profiled
     kernel time, coloured by phase, in launch order; a tick at the call's median time (the kernels and the
-    gaps between them). Returns the figure."""
+    gaps between them). The legend names the phases wide enough to see, and the others with their largest
+    time in one call. Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
     colours = {p: c for p, c, _ in CALL_PHASES}
     fig, ax = plt.subplots(figsize=(7.6, 0.5 * len(rows) + 1.5), layout="constrained")
-    seen = set()
+    seen: dict[str, float] = {}  # phase → its largest time in one call
     for y, variant in enumerate(rows):
-        t = 0.0
+        t, per_call = 0.0, {}
         for phase, us in call_phases(kernel_rows, variant):
             ax.barh(y, us, left=t, height=0.62, color=colours[phase], ec="white", lw=0.5)
             if us > 60:  # room for its time inside the bar
@@ -277,14 +290,21 @@ def draw_call_phases(kernel_rows, timings_ms, rows: dict[str, str] = P73_CALL_RO
                 ax.text(t + us / 2, y, f"{us:.0f}", ha="center", va="center", fontsize=9,
                         color="white" if dark else "black")
             t += us
-            seen.add(phase)
+            per_call[phase] = per_call.get(phase, 0.0) + us
+        for phase, us in per_call.items():
+            seen[phase] = max(seen.get(phase, 0.0), us)
         ax.plot([1e3 * timings_ms[variant]["median"]] * 2, [y - 0.42, y + 0.42], color="black", lw=2)
     ax.set_yticks(range(len(rows)), list(rows.values()), fontsize=9)
     ax.invert_yaxis()
     ax.set(xlabel="kernel times end to end, in launch order (µs)", xlim=(0, None))
     ax.grid(axis="y", visible=False)
-    handles = [Rectangle((0, 0), 1, 1, color=c, label=p) for p, c, _ in CALL_PHASES if p in seen]
+    xmax = ax.get_xlim()[1]
+    shown = {p for p, us in seen.items() if us >= 0.008 * xmax}  # at least ~1 % of the axis: visible
+    handles = [Rectangle((0, 0), 1, 1, color=c, label=p) for p, c, _ in CALL_PHASES if p in shown]
     handles.append(plt.Line2D([], [], color="black", lw=2, label="the call's median"))
+    tiny = [f"{p} (≤ {seen[p]:.0f} µs)" for p, _, _ in CALL_PHASES if p in seen and p not in shown]
+    if tiny:
+        handles.append(Rectangle((0, 0), 0, 0, fill=False, lw=0, label="too short to see: " + ", ".join(tiny)))
     fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=9)
     return fig
 
@@ -326,11 +346,46 @@ SIGMA_ERR = {"moments": "σ² rel. error, moments", "in place": "σ² rel. error
 
 
 def emulation_table(caveat) -> dict:
-    """The CPU emulation's rows (offset, δ, filter, κ, the moments' and the in-place σ² errors) as ``kb.show.table``'s
-    arguments: named columns, one number format per kind."""
+    """The CPU emulation's rows (offset, η the noise's amplitude, filter, κ, the moments' and the in-place σ²
+    errors) as ``kb.show.table``'s arguments: named columns, one number format per kind."""
     data = caveat.drop(columns="offset").rename(columns=lambda s: SIGMA_ERR.get(s, s))
-    return {"data": data, "formats": {"δ": "sci", "κ": "sci", **dict.fromkeys(SIGMA_ERR.values(), "err")},
+    return {"data": data, "formats": {"η": "sci", "κ": "sci", **dict.fromkeys(SIGMA_ERR.values(), "err")},
             "title": "σ²'s relative error, emulated on the CPU", "collapse": True}
+
+
+def check_grid(checks):
+    """The chapter's checks against float64, named "P73 <path>: <what>" (``kb.check.assert_close`` reports), as
+    one row per path and one column per quantity checked, each its norm-wise relative error."""
+    import pandas as pd
+
+    rows: dict = {}
+    for name, r in checks.iterrows():
+        path, what = name.removeprefix("P73 ").split(": ", 1)
+        rows.setdefault(path, {})[what] = r["rel_err"]
+    return pd.DataFrame(rows).T
+
+
+MODE_TITLES = {"train": "Training mode", "eval": "Eval mode (BatchNorm and the scale folded into the weights)"}
+
+
+def mode_tables(t, cols=("provider", "math", "median ms", "error", "TFLOP/s"),
+                formats: dict | None = None) -> list:
+    """The timings table ``t`` (``kb.measure.run``'s, with ``mode`` and ``error`` columns) as one table of
+    ``cols`` per mode of ``MODE_TITLES``: ours first, marked ▸, in declared order, then the baselines fastest
+    first; times to 3 significant figures, errors as 1.2e-07 unless ``formats`` says otherwise."""
+    import pandas as pd
+
+    from ..harness import show
+
+    formats = {"median ms": "time", "error": "err", **(formats or {})}
+    out = []
+    for mode, title in MODE_TITLES.items():
+        m = t.loc[t["mode"] == mode, list(cols)]
+        ours = m["provider"] == "ours"
+        m = pd.concat([m[ours], m[~ours].sort_values("median ms")])
+        m = m.rename(index={v: f"▸ {v}" for v in m.index[m["provider"] == "ours"]})
+        out.append(show.table(m, formats=formats, title=title, collapse=False, index="variant"))
+    return out
 
 
 F32_LIBRARY = {"train": "compile_train_fp32", "eval": "cudnn_folded_fp32"}  # TF32 off: the float32 library path
