@@ -486,23 +486,22 @@ def floor_table(f: Mapping[str, float]):
 
     tf = lambda r: f"{r / 1e12:.1f} TFLOP/s"  # noqa: E731
     rows = [("FFMA peak", f["ffma"], f"the convolution's FLOP at SMs × lanes × 2 × the SM clock: "
-             f"{tf(f['peak'])}", "“% of FFMA peak” below; the FFMA versions in the ladder"),
-            ("FFMA, measured", f["measured"], f"the whole problem's FLOP at the roofline chapter's "
-             f"FFMA kernel's {tf(f['measured_rate'])}", "“% of floor” in the book's results table on the first page"),
+             f"{tf(f['peak'])}", "“% of FFMA peak” in the table and the figure below, every path"),
             ("this design", f["design"], f"its issued FFMAs ({100 * f['useful']:.0f} % useful, the last "
              "wave partly empty) at the FFMA peak", "how near ours comes to its own plan"),
             ("3xTF32", f["tc"], f"the convolution's FLOP at {tf(f['mma3'])}: a third of the tensor-core "
-             "chapter's mma.sync TF32 rate", "ours_tc, the tensor-core path"),
+             "chapter's mma.sync TF32 rate", "ours_tc's share of its own floor"),
             ("tail-only", f["tail"], "cuDNN's convolution kernel alone (eager's profile)",
-             "any design that keeps that kernel (Amdahl)")]
+             "tail_fused's share of its own floor (Amdahl)")]
     return pd.DataFrame(rows, columns=["floor", "ms", "what it is", "what it is for"]).set_index("floor")
 
 
 def variants_table(rec: dict, names: list[str], flop: float, floor_ms: float):
     """Every variant in ``names`` (``kb.measure.results``): its math, median, × eager, the share of the FFMA
-    peak's floor ``floor_ms`` (not for the tensor-core paths) and error vs float64 (for ``CONV_ALONE``, of the
-    convolution); a variant the record lacks keeps its row, its math "not in this record", its numbers
-    empty. ``flop`` is kept for callers; the chapter quotes TFLOP/s in its prose."""
+    peak's floor ``floor_ms`` (for every path), whether TF32 was allowed as the record declares it, and
+    error vs float64 (for ``CONV_ALONE``, of the convolution); a variant the record lacks keeps its row, its
+    math "not in this record", its numbers empty. ``flop`` is kept for callers; the chapter quotes TFLOP/s
+    in its prose."""
     import pandas as pd
 
     from ..harness.measure import results
@@ -511,7 +510,10 @@ def variants_table(rec: dict, names: list[str], flop: float, floor_ms: float):
     t = results(rec, have).drop(columns=["GB/s", "TFLOP/s", "q20 ms", "q80 ms"], errors="ignore")
     ms = t["median ms"]
     t["× eager"] = ms["eager"] / ms
-    t["% of FFMA peak"] = (100 * floor_ms / ms).drop(["ours_tc", "cutlass_conv3d"], errors="ignore")
+    t["% of FFMA peak"] = 100 * floor_ms / ms  # every path, 3xTF32 ones too: one floor
+    tf32 = {True: "allowed", False: "off"}
+    t["TF32"] = pd.Series({k: tf32.get(v.get("tf32_allowed"), "—")
+                           for k, v in rec.get("variants", {}).items()})
     t["error vs float64"] = pd.Series({k: e["rel_err"] for k, e in rec["variant_errors"].items()})
     t = t.drop(columns="provider", errors="ignore").reindex(names)
     t.loc[[n for n in names if n not in have], "math"] = "not in this record"
@@ -587,10 +589,10 @@ def draw_block(dz: Mapping, plan: Mapping, out_shape: tuple[int, int, int], c_in
 
 def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float] | None = None,
                 marks: Mapping[str, str] | None = None):
-    """Horizontal bars of the timed versions (``ladder`` rows with a variant), log time, each labelled
-    with its time and the share of its own floor; the FFMA floor dotted, other floors (``floors``:
-    name → ms) dash-dotted, and a floor one variant has alone (``marks``: variant → name) as a solid
-    mark across its bar; coloured by the provider each variant declares in ``rec``."""
+    """A dot per timed version (``ladder`` rows with a variant), log time, each labelled with its time
+    and its share of the FFMA floor ``floor_ms`` (one floor for every path); that floor dotted, other
+    floors (``floors``: name → ms) dash-dotted, and a floor one variant has alone (``marks``: variant →
+    name) as a solid mark on its row; coloured by the provider each variant declares in ``rec``."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
@@ -600,10 +602,14 @@ def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float
     ms = [s["time (ms)"] for s in timed]
     # 6.3 in at the style's 110 dpi is the page's text column: shown unscaled, 9 pt stays 9 pt
     fig, ax = plt.subplots(figsize=(6.3, 0.3 * len(timed) + 1.5), layout="constrained")
-    ax.barh([s["version"] for s in timed], ms,
-            color=[plots.colour(rec["variants"][s["variant"]]["provider"]) for s in timed])
+    ys = range(len(timed))  # dots, not bars: on a log axis a bar's length means nothing
+    left = min([floor_ms, *(floors or {}).values()]) * 0.8  # the axis' left edge
+    ax.hlines(ys, left, ms, color="0.85", lw=0.8, zorder=1)  # guides from that edge
+    ax.scatter(ms, ys, s=36, zorder=3,
+               color=[plots.colour(rec["variants"][s["variant"]]["provider"]) for s in timed])
+    ax.set_yticks(list(ys), [s["version"] for s in timed])
     for y, (s, t) in enumerate(zip(timed, ms, strict=True)):
-        ax.text(t * 1.04, y, f"{t:.{2 if t < 10 else 1}f} ms, {s['% of its floor']:.0f} %",
+        ax.text(t * 1.1, y, f"{t:.{2 if t < 10 else 1}f} ms, {s['% of FFMA peak']:.0f} %",
                 va="center", fontsize=9)
     ax.tick_params(labelsize=9)
     lines = [(floor_ms, ":", "FFMA floor")] + [(x, "-.", name) for name, x in (floors or {}).items()]
@@ -614,8 +620,8 @@ def plot_ladder(steps, floor_ms: float, rec: Mapping, floors: Mapping[str, float
             x = s["floor (ms)"]
             ax.plot([x, x], [y - 0.42, y + 0.42], color="black", lw=2,
                     label=f"{marks[s['variant']]}: {x:.2f} ms")
-    ax.set(xscale="log", xlim=(min(x for x, _, _ in lines) * 0.8, max(ms) * 3),
-           xlabel="median time (ms, log scale); beside each bar: time, % of its floor",
+    ax.set(xscale="log", xlim=(left, max(ms) * 3),
+           xlabel="median time (ms, log scale); beside each dot: time, % of the FFMA floor",
            title="P27, version by version")
     ax.xaxis.label.set_size(9)
     first = lambda v: round(v / 10 ** math.floor(math.log10(v)))  # noqa: E731  leading digit
