@@ -491,3 +491,12 @@ def _sweep():
 def test_swept_variants_compile_without_spills_on_sm90(name, defines):
     for r in kb.build.resources("conv_bn_scale", "90", defines):
         assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, f"{name}: {r['kernel']} spills on sm_90"
+
+
+def test_phases_bound_takes_each_phase_at_its_rate():
+    """The ladder's bounds: one rate for both phases is the roofline's phased bound; a faster rate for the
+    convolution's phase only lowers it."""
+    ph, bw = kb.roofline.p73_train_phases(strategy="moments"), 4e12
+    same = kb.training.phases_bound_ms(ph, (6e13, 6e13), bw)
+    assert same == pytest.approx(kb.roofline.phased_bound_ms(ph, 6e13, bw))
+    assert kb.training.phases_bound_ms(ph, (6e13, 1e14), bw) < same

@@ -261,6 +261,10 @@ def test_chapter_glue_words_and_ratios():
     assert glue["nat_ratio_moments"] == pytest.approx(0.88) and glue["nat_ratio"] == pytest.approx(0.88)
     assert glue["nat_kappa_max"] == 472.0 and glue["nat_allowed"] == 8.8e-7 and glue["u_eff_tc"] == 0.5
     assert gs.natural_table({"rows": rows})["E"].isna().all()  # a record without the predictions
+    for r, e in zip(rows, (2e-7, 5e-7, 3e-6), strict=True):
+        r["default_predicted"] = e
+    glue = gs.chapter_glue({"n": 128, "rows": rows, "u_eff": {"fp32": gs.U, "3xtf32": gs.U / 2}})
+    assert glue["nat_e_kept"] == 5e-7 and glue["nat_e_refused"] == 3e-6  # the guard's margins
     g = gs.guard_glue({}, "3xtf32")
     assert g["g_spread"] == 2.0 and math.isnan(g["g_ill_predicted"])
     assert g["g_allowed"] == pytest.approx(math.sqrt(3 * 72) * gs.U)

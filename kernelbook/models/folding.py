@@ -666,7 +666,7 @@ def draw_p73_tile(config, out_hw: tuple[int, int], k: int = 3):
     top.set(xlim=(0, tile_w), ylim=(groups, 0), yticks=[g + 0.43 for g in range(groups)],
             yticklabels=[f"warp {g}: ch {g * co_t}–{g * co_t + co_t - 1}" for g in range(groups)],
             xticks=range(0, tile_w + 1, 16), xlabel="column in the tile")
-    top.tick_params(labelsize=8)
+    top.tick_params(labelsize=9)
     top.set_title(f"a block's {tile_h}×{tile_w} tile: the whole width of a {out_hw[0]}×{wo} plane "
                   f"({tiles} tile per row), {co_t * groups} channels", fontsize=10)
     for r in range(2):  # below: warp 0 zoomed, lane l owns 2l, 2l + 1 in each half (row r)
@@ -682,7 +682,7 @@ def draw_p73_tile(config, out_hw: tuple[int, int], k: int = 3):
             yticklabels=[f"columns 0–{half - 1}", f"columns {half}–{tile_w - 1}"],
             xticks=range(0, half + 1, 8),
             xlabel="column within the half: lane l owns 2l and 2l + 1 (the numbers are lanes)")
-    low.tick_params(labelsize=8)
+    low.tick_params(labelsize=9)
     low.set_title(f"warp 0 zoomed in, lanes 0–31: each lane computes 4 columns × {rpt} rows × {co_t} "
                   f"channels = {4 * rpt * co_t} outputs", fontsize=10)
     for ax in (top, low):

@@ -561,7 +561,8 @@ def _listed(names: Sequence[str]) -> str:
 
 def chapter_glue(nat: dict) -> dict:
     """The numbers the capstone's prose quotes from ``chapter_check``'s record (``nat``): batch size, largest κ
-    and ρ (rms over channels), the default's paths in words, its error's largest ratio to eager float32's (over all
+    and ρ (rms over channels), the default's paths in words, the guard's largest predicted error where it kept
+    the moments and its smallest where it went in place, its error's largest ratio to eager float32's (over all
     filter sets, and where it took the moments), worst errors, the guard's allowance, the default call's slowest
     time on each path, and u_eff per math in units of 2⁻²⁴."""
     rows = nat["rows"]
@@ -573,10 +574,14 @@ def chapter_glue(nat: dict) -> dict:
                     default=float("nan")) for p in (None, "moments")}
     ms = {p: max((r.get("default_ms", float("nan")) for r in rows if r["default_choice"] == p),
                  default=float("nan")) for p in ("moments", "inplace")}
+    e = {p: [r.get("default_predicted", float("nan")) for r in rows if r["default_choice"] == p]
+         for p in ("moments", "inplace")}  # the guard's predicted error on each path
     return {"nat_n": int(nat.get("n", 128)), "nat_kappa_max": max(r["kappa_pivot_max"] for r in rows),
             "nat_rho_max": max(r.get("rho_pivot_rms", float("nan")) for r in rows),
             "nat_ms_moments": ms["moments"], "nat_ms_inplace": ms["inplace"],
-            "nat_paths": words, "nat_worst": max(r["default_rel_err"] for r in rows),
+            "nat_paths": words, "nat_e_kept": max(e["moments"], default=float("nan")),
+            "nat_e_refused": min(e["inplace"], default=float("nan")),
+            "nat_worst": max(r["default_rel_err"] for r in rows),
             "nat_eager": max(r["eager_rel_err"] for r in rows),
             "nat_ratio": ratio[None], "nat_ratio_moments": ratio["moments"],
             "nat_allowed": rows[0].get("default_allowed", float("nan")),

@@ -273,8 +273,8 @@ def call_phases(kernel_rows, variant: str) -> list[tuple[str, float]]:
 def draw_call_phases(kernel_rows, timings_ms, rows: dict[str, str] = P73_CALL_ROWS):
     """One training-mode forward of each strategy as a timeline: a bar per kernel, its length the profiled
     kernel time, coloured by phase, in launch order; a tick at the call's median time (the kernels and the
-    gaps between them). The legend names the phases wide enough to see, and the others with their largest
-    time in one call. Returns the figure."""
+    gaps between them). The legend names the phases wide enough to see, each with its time in the first row's
+    call (the default) where that is visible, and the others with their largest time in one call. Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
@@ -300,7 +300,12 @@ def draw_call_phases(kernel_rows, timings_ms, rows: dict[str, str] = P73_CALL_RO
     ax.grid(axis="y", visible=False)
     xmax = ax.get_xlim()[1]
     shown = {p for p, us in seen.items() if us >= 0.008 * xmax}  # at least ~1 % of the axis: visible
-    handles = [Rectangle((0, 0), 1, 1, color=c, label=p) for p, c, _ in CALL_PHASES if p in shown]
+    first: dict[str, float] = {}  # the first row's (the default's) time per phase, µs
+    for phase, us in call_phases(kernel_rows, next(iter(rows))):
+        first[phase] = first.get(phase, 0.0) + us
+    big = {p for p, us in first.items() if us >= 0.008 * xmax}  # the default's visible phases
+    handles = [Rectangle((0, 0), 1, 1, color=c, label=p + (f" ({first[p]:.0f} µs)" if p in big else ""))
+               for p, c, _ in CALL_PHASES if p in shown]
     handles.append(plt.Line2D([], [], color="black", lw=2, label="the call's median"))
     tiny = [f"{p} (≤ {seen[p]:.0f} µs)" for p, _, _ in CALL_PHASES if p in seen and p not in shown]
     if tiny:
@@ -309,19 +314,32 @@ def draw_call_phases(kernel_rows, timings_ms, rows: dict[str, str] = P73_CALL_RO
     return fig
 
 
-def draw_version_ladder(training_ms, bound_ms: float):
-    """The version ladder: each version's training-mode time (a Series indexed by version), and the moments
-    strategy's bound at the FFMA rate as a dashed line. Returns the figure."""
+def phases_bound_ms(phases, rates, bandwidth: float) -> float:
+    """The least time of work in phases that cannot overlap, each phase at its own FLOP rate (the arithmetic
+    it runs in): the sum of the phases' roofline bounds, in ms."""
+    from . import roofline
+
+    return sum(roofline.bound_ms(c, r, bandwidth) for c, r in zip(phases, rates, strict=True))
+
+
+def draw_version_ladder(training_ms, bounds_ms):
+    """The version ladder: each version's training-mode time (a Series indexed by version) beside the bound of
+    its own strategy at the arithmetic it ran (``bounds_ms``, one per version, drawn as a bar), each point
+    labelled with its % of that bound (bound ÷ time). Returns the figure."""
     import matplotlib.pyplot as plt
 
     from ..harness import plots
 
-    fig, ax = plt.subplots(figsize=(9, 2.6))
-    ax.plot(range(len(training_ms)), training_ms, "o-", color=plots.OURS)
-    ax.axhline(bound_ms, color=plots.CEILING, ls="--", lw=1)
-    ax.set(xticks=range(len(training_ms)), xticklabels=training_ms.index, xlabel="version",
-           ylabel="training-mode time (ms)", ylim=(0, None),
-           title="training mode by version (dashed: the moments strategy's bound)")
+    x, t = range(len(training_ms)), list(training_ms)
+    fig, ax = plt.subplots(figsize=(9, 2.4), layout="constrained")
+    ax.bar(x, bounds_ms, width=0.5, color=plots.CEILING, alpha=0.35, label="its strategy's bound")
+    ax.plot(x, t, "o-", color=plots.OURS, label="training-mode time")
+    for i, (t_v, b_v) in enumerate(zip(t, bounds_ms, strict=True)):
+        ax.annotate(f"{100 * b_v / t_v:.0f} %", (i, t_v), xytext=(0, 6), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=9)
+    ax.set(xticks=x, xticklabels=training_ms.index, xlabel="version", ylabel="training-mode time (ms)",
+           ylim=(0, 1.2 * max(t)), title="training mode by version, with each one's % of its own bound")
+    ax.legend(loc="upper right", ncol=2, fontsize=9)
     return fig
 
 
