@@ -608,7 +608,7 @@ def ceilings_table(ch3: dict, t_ceil, rec: dict):
     clock = {k: f"{own[k]:.2f} (own)" if own.get(k) else f"{after[k]:.2f} (after)" if k in after
              else "not in this record" for _, _, k in CEILINGS}
     table = pd.DataFrame([{"rate": n, "instruction": ins, "TFLOP/s": rate[k],
-                           "÷ 3 (3xTF32)": rate[k] / 3 if "TF32" in n else rate[k], "SM GHz": clock[k]}
+                           "float32-accurate TFLOP/s": rate[k] / 3 if "TF32" in n else rate[k], "SM GHz": clock[k]}
                           for n, ins, k in CEILINGS]).set_index("rate")
     glue = {"ffma_tflops": ffma, "tf32_over_ffma": tflops["eager_tf32"] / ffma, "mma_tflops": mma,
             "mma_const_tflops": tflops["mma_peak"], "mma3": mma / 3, "wgmma3": tflops["eager_tf32"] / 3,
