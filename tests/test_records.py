@@ -51,11 +51,17 @@ def test_no_record_is_stale(path):
                          f"Re-run the chapter on a GPU with KERNELBOOK_RECORD=1.")
 
 
-def test_staleness_check_fails_when_a_kernel_changes(tmp_path):
+def _scale_sources(tmp_path):
+    """A kernels/ folder holding a copy of the scale kernel's sources, to change in a test."""
     kdir = tmp_path / "kernels"
     kdir.mkdir()
     for f in build.sources("scale"):
         shutil.copy(f, kdir / f.name)
+    return kdir
+
+
+def test_staleness_check_fails_when_a_kernel_changes(tmp_path):
+    kdir = _scale_sources(tmp_path)
     rec = _fake_record("00_method", kdir)
     assert records.stale(rec, kdir) == []
     (kdir / "scale.cu").write_text((kdir / "scale.cu").read_text().replace("kUnroll = 4", "kUnroll = 2"))
@@ -155,10 +161,7 @@ def test_spread_runs_are_well_formed(path):
 
 
 def test_a_spread_run_is_fresh_for_a_chapter_only_while_its_kernels_are_unchanged(tmp_path):
-    kdir = tmp_path / "kernels"
-    kdir.mkdir()
-    for f in build.sources("scale"):
-        shutil.copy(f, kdir / f.name)
+    kdir = _scale_sources(tmp_path)
     rec = _fake_record("00_method", kdir)
     run = {"provenance": {"kernels": dict(rec["provenance"]["kernels"])}}
     assert records.fresh_for(run, rec, kdir)
