@@ -13,8 +13,9 @@
 // (kernelbook/folding.py): eval-mode P73 in one launch.
 // math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
 // cores; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it is faster than FFMA: tc_rates.h, else fp32) —
-// except for the in-place strategy, which "auto" keeps on FFMA: it is the path for data whose sums cancel, where the
-// FFMA convolution is the more accurate (chapter 7 measures both); math="3xtf32" puts it on the tensor cores too.
+// except where nothing guards against products that cancel, where a split product errs up to 4x an FFMA's
+// (chapter 7 measures both): "auto" keeps the in-place strategy (the guard's path for such data) and eval mode (which
+// has no guard) on FFMA; math="3xtf32" puts them on the tensor cores.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -82,12 +83,12 @@ void check_channel_vector(const char* op, const std::optional<torch::Tensor>& t,
 const float* ptr_or_null(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
 
 // The output convolution's arithmetic for x on its GPU: math "auto" → 3xTF32 where it runs (sm_80 or newer,
-// C_in ≤ 8) and pays (dense TF32 at least 3.5× FP32: tc_rates.h — not on sm_86/sm_89), FFMA otherwise;
-// "3xtf32" where it cannot run is an error that says why.
-int resolve_math(const char* op, const std::string& math, const torch::Tensor& x) {
+// C_in ≤ 8) and pays (dense TF32 at least 3.5× FP32: tc_rates.h — not on sm_86/sm_89), FFMA otherwise, and
+// FFMA in eval mode (no guard there: see the header); "3xtf32" where it cannot run is an error that says why.
+int resolve_math(const char* op, const std::string& math, const torch::Tensor& x, bool eval = false) {
     KB_CHECK(math == "auto" || math == "fp32" || math == "3xtf32", op,
              ": math must be 'auto', 'fp32' or '3xtf32', got '", math, "'");
-    if (math == "fp32") return kCbsFp32;
+    if (math == "fp32" || (math == "auto" && eval)) return kCbsFp32;
     int major = 0, minor = 0;
     kb::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.device().index()), op,
                    "reading the GPU's compute capability");
@@ -113,7 +114,7 @@ torch::Tensor conv_bn_scale_eval(const torch::Tensor& x, const torch::Tensor& fo
     constexpr const char* op = "conv_bn_scale_eval";
     torch::Tensor y = checked_output(op, x, folded_w, folded_b, out);
     const c10::cuda::CUDAGuard guard(x.device());
-    const int m = resolve_math(op, math, x);
+    const int m = resolve_math(op, math, x, /*eval=*/true);
     if (y.numel() == 0) return y;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     kb::check_launch(launch_cbs_eval(x.data_ptr<float>(), folded_w.data_ptr<float>(), ptr_or_null(folded_b),
@@ -299,12 +300,14 @@ pybind11::dict guard_model(const std::string& math) {
     return out;
 }
 
-// The arithmetic math='auto' (or the given math) picks for x on its GPU: 'fp32' or '3xtf32'.
-std::string conv_bn_scale_math(const torch::Tensor& x, const std::string& math) {
+// The arithmetic math='auto' (or the given math) picks for x on its GPU in mode 'train' (the moments strategy's
+// output convolution) or 'eval': 'fp32' or '3xtf32'.
+std::string conv_bn_scale_math(const torch::Tensor& x, const std::string& math, const std::string& mode) {
     constexpr const char* op = "conv_bn_scale_math";
+    KB_CHECK(mode == "train" || mode == "eval", op, ": mode must be 'train' or 'eval', got '", mode, "'");
     kb::check_dim(x, 4, "(N, C_in, H, W)", op, "x");
     kb::check_tensor(x, op, "x");
-    return math_name(resolve_math(op, math, x));
+    return math_name(resolve_math(op, math, x, mode == "eval"));
 }
 
 // The compile-time configuration: rows per thread, channels per thread, channel groups, warp rows, minimum
@@ -327,10 +330,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "conv2d(x, folded_w, folded_b), 3x3, stride 1, no padding: eval-mode P73 with BN and the scale folded in",
           arg("x"), arg("folded_w"), arg("folded_b"), arg("out") = pybind11::none(), arg("math") = "auto");
     m.def("conv_bn_scale_math", &conv_bn_scale_math,
-          "The output convolution's arithmetic that `math` resolves to for x on its GPU: 'fp32' (FFMA) or "
-          "'3xtf32' (tensor cores; math='auto' picks it where dense TF32 runs at least 3.5x FP32, tc_rates.h, and "
-          "C_in <= 8)",
-          arg("x"), arg("math") = "auto");
+          "The output convolution's arithmetic that `math` resolves to for x on its GPU in `mode`: 'fp32' (FFMA) "
+          "or '3xtf32' (tensor cores; in training mode math='auto' picks it where dense TF32 runs at least 3.5x "
+          "FP32, tc_rates.h, and C_in <= 8; in eval mode, which has no guard against cancelling products, FFMA)",
+          arg("x"), arg("math") = "auto", arg("mode") = "train");
     m.def("conv_bn_scale_guard", &conv_bn_scale_guard,
           "The guard of strategy='auto' on this batch, filter and BatchNorm: {'choice', 'predicted' (the moments "
           "path's predicted norm-wise output error), 'allowed' (the float32 allowance it is compared with), 'math' "

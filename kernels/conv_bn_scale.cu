@@ -17,7 +17,7 @@
 //                           finalize, apply arithmetic and grid, shared through bn_stats.cuh, not copied; chapter
 //                           1's apply kernel is not used with x == y: it reads through const __restrict__ pointers).
 // Training mode therefore moves the output three times (write, read, write: 3 × 520 MB for P73) against
-// computing the convolution twice (notes/conv_bn_train.md counts both). The default training strategy
+// computing the convolution twice (chapter 3 counts both). The default training strategy
 // avoids both: conv_moments.cuh computes the batch statistics from the input's moments (no convolution, no
 // output), folds them into the weights, and the eval kernel writes the output once (launch_cbs_train_moments).
 //

@@ -3,8 +3,10 @@
 // Nothing here is the book's own algorithm: cutlass::gemm::device::Gemm with the operator tag chooses the
 // arithmetic. OpMultiplyAddFastF32 (mma_tensor_op_fast_f32.h) splits each operand into big + small TF32
 // parts — big by truncation (round toward zero), small = (x − big) rounded to nearest — and issues
-// small·big, big·small and big·big into ONE accumulator that runs through all of K inside the mma.sync,
-// as version 1 of gemm_3xtf32.cu does. OpMultiplyAdd is plain TF32 (operands rounded to nearest).
+// small·big, big·small and big·big. Its mainloop stages the accumulation for this operator
+// (kStagedAccumulation in mma_multistage.h): each block k-tile (BK deep) sums into a fresh accumulator
+// inside the mma.sync, which then joins the running sum by a float32 add — version 2's remedy of
+// gemm_3xtf32.cu, at one add per BK-deep tile. OpMultiplyAdd is plain TF32 (operands rounded to nearest).
 #include <cutlass/cutlass.h>
 #include <cutlass/gemm/device/gemm.h>
 

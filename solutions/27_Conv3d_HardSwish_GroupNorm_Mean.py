@@ -453,7 +453,7 @@ p27_fused_kernel(const float* __restrict__ x, const float* __restrict__ w, const
 // planes in A-fragment order (one 16-byte load per fragment). The six products of a k-step pair (one (ci, kd);
 // small terms first) start from zero and join the accumulator in one rounded FADD, as conv_tf32.cuh does per
 // k-step: joined every k-step this kernel needs ~150 registers, and 16 warps allow 128 (it spilled and took
-// 1.57 ms on an H200 against 1.32); its error on P27 moved by ±30 % either way (notes/conv3d_gn_mean.md).
+// 1.57 ms on an H200 against 1.32); its error on P27 moved by ±30 % either way.
 constexpr int TC_CO = 16;             // output channels: one mma tile of 16 rows
 constexpr int TC_ROWS = 2;            // output rows per work item
 constexpr int TC_NT = 4;              // column tiles of 8 per work item: 32 output columns
