@@ -249,6 +249,11 @@ def test_ceilings_table_names_instruction_and_clock():
     rec = {"mma_clock_ghz": 1.8, "ceiling_clocks_ghz": {"eager_fp32": 1.9, "eager_tf32": 1.7, "mma_peak": 1.8}}
     table, *_ = tc.ceilings_table(ch3, t_ceil, rec)
     assert list(table["SM GHz"].iloc[1:4]) == ["1.90 (after)", "1.70 (after)", "1.80 (after)"]
+    assert glue["wgmma3"] != glue["wgmma3"]  # no wgmma ceiling (not sm_90): NaN, and no row
+    t_ceil.loc["wgmma_ceiling", "TFLOP/s"] = 480.0  # on sm_90: its own row, clock and third
+    table, glue, *_ = tc.ceilings_table(ch3, t_ceil, {**rec, "wgmma_clock_ghz": 1.81})
+    assert table.iloc[-1]["instruction"] == "wgmma" and table["SM GHz"].iloc[-1] == "1.81 (own)"
+    assert glue["wgmma3"] == pytest.approx(160.0) and glue["mma3"] == pytest.approx(322.0 / 3)
 
 
 def test_the_recorded_counters_give_the_chapters_numbers():

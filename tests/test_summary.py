@@ -60,7 +60,8 @@ def test_the_chapters_with_headline_operations_declare_their_rows():
 
 
 def test_numbers_are_the_records_cell_by_cell():
-    ceil, tc = summary.ceilings(DEFAULT_GPU), summary.tensor_core_rate(DEFAULT_GPU)
+    ceil = summary.ceilings(DEFAULT_GPU)
+    tc = {i: summary.tensor_core_rate(DEFAULT_GPU, instruction=i) for i in summary.TC_CEILINGS}
     ranges = summary.spread(DEFAULT_GPU).ranges  # the spread between processes, where it was measured
     with_range = any(f"{c}/{by['ours']}" in ranges for c, rec in RECORDS.items() for by in _declared_rows(rec).values())
     expected = []
@@ -162,3 +163,14 @@ def test_pages_with_a_repository_warning_read_the_configured_address():
 def test_intro_builds_the_table_at_build_time():
     intro = (ROOT / "book" / "intro.md").read_text()
     assert "```{code-cell} ipython3" in intro and "summary.show()" in intro
+
+
+def test_a_wgmma_kernel_is_held_to_the_wgmma_ceiling():
+    """A 3xTF32 variant that declares instruction "wgmma" takes its floor from wgmma's rate; others from
+    mma.sync's; a rate given as one number is mma.sync's."""
+    rec = {"variants": {"w": {"math": "3xtf32", "instruction": "wgmma", "counts": {"flop": 1e12, "bytes": 0}},
+                        "v": {"math": "3xtf32", "counts": {"flop": 1e12, "bytes": 0}}}}
+    ceil, rates = (65e12, 4e12), {"mma.sync": 100e12, "wgmma": 160e12}
+    assert summary.floor_ms(rec, "w", ceil, rates) == pytest.approx(1e3 / 160)
+    assert summary.floor_ms(rec, "v", ceil, rates) == pytest.approx(1e3 / 100)
+    assert summary.floor_ms(rec, "w", ceil, 100e12) is None and summary.floor_ms(rec, "v", ceil, 100e12)

@@ -33,6 +33,7 @@ class Variant:
     tf32_matmul: bool | None = None  # the same for float32 matrix products
     note: str = ""
     row: str = ""               # the intro's results-table row it belongs to: "<problem> | <operation>"
+    instruction: str = ""       # the tensor-core instruction it issues where not mma.sync: "wgmma" (its ceiling)
 
     def declaration(self) -> dict:
         if self.provider not in PROVIDERS:
@@ -48,6 +49,8 @@ class Variant:
             d["note"] = self.note
         if self.row:
             d["row"] = self.row
+        if self.instruction:
+            d["instruction"] = self.instruction
         return d
 
 

@@ -158,12 +158,18 @@ VERSIONS = {  # version → what it changed (kernels/gemm_3xtf32.cu says how)
     5: "hi and lo in separate planes; A's fragments by ldmatrix",
 }
 
+WGMMA_VERSIONS = {  # Hopper's path (kernels/gemm_wgmma.cu): the copy engine fills shared memory, wgmma reads it
+    "w1": "wgmma from shared memory filled by the copy engine; one accumulator over K",
+    "w2": "each 32-deep slab into a fresh accumulator, joined by FADDs",
+}
+
 CHECK_SHAPES = [(256, 256, 256), (130, 132, 36), (1, 4, 4), (37, 12, 20), (129, 260, 1028), (4096, 64, 72)]
 
 
-def check_versions(mod, shapes=CHECK_SHAPES, seed: int = 0) -> list[dict]:
+def check_versions(mod, shapes=CHECK_SHAPES, seed: int = 0, wg=None) -> list[dict]:
     """Every version in 3xTF32, and plain TF32, against float64 on ``shapes``, beside cuBLAS's float32
-    product of the same inputs: one row per shape and version, errors relative to the largest |ref|."""
+    product of the same inputs: one row per shape and version (1–5; "w1", "w2" through ``wg``, the gemm_wgmma
+    module, where given), errors relative to the largest |ref|."""
     from ..harness import check, precision
 
     rows = []
@@ -177,12 +183,17 @@ def check_versions(mod, shapes=CHECK_SHAPES, seed: int = 0) -> list[dict]:
             r3, r1 = (check.report(mod.gemm_tf32(a, b, p, version), ref, tol=1.0) for p in (3, 1))
             rows.append({"shape": f"{m}×{n}×{k}", "version": version, "3xTF32": r3["rel_err"], "TF32": r1["rel_err"],
                          "cuBLAS float32": fp32, "3xTF32 max abs": r3["max_abs_err"]})
+        for name in WGMMA_VERSIONS if wg is not None else ():
+            r3, r1 = (check.report(wg.gemm(a, b, p, int(name[1])), ref, tol=1.0) for p in (3, 1))
+            rows.append({"shape": f"{m}×{n}×{k}", "version": name, "3xTF32": r3["rel_err"], "TF32": r1["rel_err"],
+                         "cuBLAS float32": fp32, "3xTF32 max abs": r3["max_abs_err"]})
     return rows
 
 
-def error_growth(mod, cutlass=None, ks=(64, 512, 2048, 8192), mn: int = 256, seed: int = 5) -> list[dict]:
+def error_growth(mod, cutlass=None, ks=(64, 512, 2048, 8192), mn: int = 256, seed: int = 5, wg=None) -> list[dict]:
     """Relative error against float64 of the chained (v1) and per-step (v5) 3xTF32 products, of cuBLAS in
-    float32 and (given the ``cutlass_gemm`` module) of CUTLASS's 3xTF32 GEMM, as K grows (M = N = ``mn``)."""
+    float32, (given the ``cutlass_gemm`` module) of CUTLASS's 3xTF32 GEMM and (given ``wg``, gemm_wgmma) of the
+    wgmma versions, as K grows (M = N = ``mn``)."""
     from ..harness import check, precision
 
     rows = []
@@ -196,6 +207,8 @@ def error_growth(mod, cutlass=None, ks=(64, 512, 2048, 8192), mn: int = 256, see
                 ("cuBLAS float32", fp32)]
         if cutlass is not None:
             outs.append(("CUTLASS 3xTF32", cutlass.cutlass_gemm(a, b, 3, 0)))
+        if wg is not None:
+            outs += [("w1 chained", wg.gemm(a, b, 3, 1)), ("w2 per slab", wg.gemm(a, b, 3, 2))]
         rows.append({"k": k, **{name: check.report(out, ref, tol=1.0)["rel_err"] for name, out in outs}})
     return rows
 
@@ -287,6 +300,18 @@ def mma_ceiling(pr, blocks: int, iters: int, seed: int = 0):
     return (lambda: pr.mma_ceiling(seeds, blocks, iters)), flop, clock_ghz(pr.mma_ceiling(seeds, blocks, iters)[1])
 
 
+def wgmma_ceiling(wg, blocks: int, iters: int, seed: int = 0):
+    """(function to time, FLOP, GHz) of kernels/gemm_wgmma.cu's ceiling: every warpgroup issues wgmma m64n256k8
+    on its own random TF32 tiles in shared memory, nothing else; FLOP per call and the clock one call ran at."""
+    cfg = wg.ceiling_config()
+    g = torch.Generator().manual_seed(seed)
+    seeds = torch.randint(1, 2**31 - 1, (cfg["threads"],), generator=g, dtype=torch.int32).cuda()
+    flop = blocks * cfg["warpgroups"] * iters * cfg["products_per_round"] * 2 * cfg["macs_per_product"]
+    from ..harness.measure import clock_ghz
+
+    return (lambda: wg.wgmma_ceiling(seeds, blocks, iters)), flop, clock_ghz(wg.wgmma_ceiling(seeds, blocks, iters)[1])
+
+
 def bad_inputs(mod) -> dict[str, str]:
     """What the binding says to each bad input (the message, or 'accepted')."""
     from ..harness.check import run_backward
@@ -334,6 +359,9 @@ sms = torch.cuda.get_device_properties(a.device).multi_processor_count
 fns = {"mma_peak": lambda: mod.mma_peak(4 * sms, 1024, a.device),
        "v2_3xtf32": lambda: mod.gemm_tf32(a, b, 3, 2), "v5_3xtf32": lambda: mod.gemm_tf32(a, b, 3, 5),
        "cublas_tf32": lambda: a @ b}
+wg = kb.build.load("gemm_wgmma")
+if wg.available(a.device):  # Hopper's path, on sm_90 only
+    fns |= {"w1_3xtf32": lambda: wg.gemm(a, b, 3, 1), "w2_3xtf32": lambda: wg.gemm(a, b, 3, 2)}
 for variant, fn in fns.items():
     with kb.precision.tf32(conv=False, matmul=variant == "cublas_tf32"):
         with kb.timing.nvtx_range("06_tensor_cores", variant):
@@ -428,15 +456,27 @@ def ncu_glue(nc, which: list[str]) -> dict:
     issue slots); the share of issue slots version 5 would need to keep that pace, and the share of it version
     2's instruction count allows (its cap)."""
     npk, n2, n5, ncb = (nc.loc[v] for v in which)
-    per = "instr. / TC instr."
+    per = "instr. per TC"
     cycles = npk[per] / (npk["issue %"] / 100)  # issue cycles per mma at the peak rate
     return {"tp_v5": n5["tensor pipe %"], "tp_v2": n2["tensor pipe %"], "tp_peak": npk["tensor pipe %"],
             "issue_v5": n5["issue %"], "issue_v2": n2["issue %"], "issue_peak": npk["issue %"],
             "ipm_peak": npk[per], "cycles": cycles, "warps_v5": n5["warps %"], "ipm_v5": n5[per],
             "ipm_v2": n2[per], "need_v5": 100 * n5[per] / cycles, "cap_v2": 100 * cycles / n2[per],
             "tp_cublas": ncb["tensor pipe %"], "warps_cublas": ncb["warps %"],
-            "bank_v5": n5["smem bank conflicts"], "tc_v5": n5["TC instr."],
+            "bank_v5": n5["bank conflicts"], "tc_v5": n5["TC instr."],
             "issue_peak_frac": npk["issue %"] / 100}
+
+
+def wgmma_ncu_glue(nc) -> dict:
+    """What the chapter quotes of ``ncu_table``'s wgmma rows (w1, w2; NaN where not profiled): tensor pipe,
+    issue slots, HGMMA instructions and warp instructions per tensor-core instruction."""
+    out = {}
+    for v in ("w1", "w2"):
+        row = nc.loc[f"{v}_3xtf32"] if f"{v}_3xtf32" in nc.index else None
+        for key, col in (("tp", "tensor pipe %"), ("issue", "issue %"), ("gmma", "HGMMA"),
+                         ("ipm", "instr. per TC")):
+            out[f"{key}_{v}"] = float("nan") if row is None else row[col]
+    return out
 
 
 def ncu_table(rows: list[dict]):
@@ -453,10 +493,10 @@ def ncu_table(rows: list[dict]):
         "issue %": t["smsp__issue_active" + pct],
         "warps %": t["sm__warps_active" + pct],
         "TC instr.": t["sm__inst_executed_pipe_tensor_op_hmma.sum"],  # counts the HGMMA too
-        "of which HGMMA": t["sm__inst_executed_pipe_tensor_op_gmma.sum"],
-        "smem bank conflicts": t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"],
+        "HGMMA": t["sm__inst_executed_pipe_tensor_op_gmma.sum"],
+        "bank conflicts": t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"],
     })
-    out["instr. / TC instr."] = t["smsp__inst_executed.sum"] / out["TC instr."]
+    out["instr. per TC"] = t["smsp__inst_executed.sum"] / out["TC instr."]
     return out
 
 
@@ -514,7 +554,8 @@ def path_counters(rows: list[dict], order_by: str):
 # ---- the chapter's figures ----
 
 GROWTH_LABELS = {"v1 chained": "v1: one accumulator over all of K", "v5 per step": "v5: each step from zero",
-                 "cuBLAS float32": "cuBLAS float32", "CUTLASS 3xTF32": "CUTLASS 3xTF32 (staged every 16)"}
+                 "cuBLAS float32": "cuBLAS float32", "CUTLASS 3xTF32": "CUTLASS 3xTF32 (staged every 16)",
+                 "w1 chained": "w1 (wgmma): one accumulator", "w2 per slab": "w2 (wgmma): each slab from zero"}
 
 
 def plot_error_growth(ax, grow) -> None:
@@ -523,9 +564,10 @@ def plot_error_growth(ax, grow) -> None:
     from ..harness.plots import BASELINE, CEILING, OURS
 
     k = grow.index.to_numpy(dtype=float)
-    for col, colour in zip(GROWTH_LABELS, (BASELINE, OURS, CEILING, "#76b900"), strict=True):
+    style = {"w1 chained": dict(ls="--", marker="x", ms=8), "w2 per slab": dict(ls="--", marker="x", ms=8)}
+    for col, colour in zip(GROWTH_LABELS, (BASELINE, OURS, CEILING, "#76b900", BASELINE, OURS), strict=True):
         if col in grow:
-            ax.plot(k, grow[col], marker="o", color=colour, label=GROWTH_LABELS[col])
+            ax.plot(k, grow[col], color=colour, label=GROWTH_LABELS[col], **style.get(col, dict(marker="o")))
     for col, power, ls, label in (("v1 chained", 1, "--", "∝ K"), ("v5 per step", 0.5, ":", "∝ √K")):
         ax.plot(k, grow[col].iloc[0] * (k / k[0]) ** power, ls=ls, lw=0.8, color="black", label=label)
     ax.set(xscale="log", yscale="log", xlabel="K (M = N = 256)", ylabel="relative error vs float64")
@@ -540,6 +582,8 @@ def rate_name(variant: str) -> str:
     if variant.startswith("cutlass_"):
         _, math, tile = variant.split("_")
         return f"CUTLASS {math.replace('xtf', 'xTF').replace('tf32', 'TF32')}, {tile.replace('x', '×')}"
+    if variant.startswith("ours_w"):
+        return f"ours, {variant[5:]} (wgmma)"
     return variant.replace("eager_fp32", "cuBLAS SGEMM").replace("ours_", "ours, ")
 
 
@@ -586,14 +630,16 @@ def ceiling_clocks(pr, variants: dict, blocks: int, reps: int = 10) -> dict[str,
 # Each ceiling's row: its name, the instruction it issues, and the variant (or record) its rate comes from.
 CEILINGS = [("FFMA (chapter 3)", "FFMA", "ffma"), ("cuBLAS float32", "FFMA", "eager_fp32"),
             ("cuBLAS TF32", "wgmma", "eager_tf32"), ("mma.sync TF32, constant operands", "mma.sync", "mma_peak"),
-            ("mma.sync TF32, varying (the ceiling)", "mma.sync", "mma_ceiling")]
+            ("mma.sync TF32, varying (the ceiling)", "mma.sync", "mma_ceiling"),
+            ("wgmma TF32, varying (the ceiling)", "wgmma", "wgmma_ceiling")]
 
 
 def ceilings_table(ch3: dict, t_ceil, rec: dict):
     """The rates a float32-accurate product can reach on this GPU, from chapter 3's FFMA record and this chapter's
     timed ceilings (``t_ceil``: kb.measure.run's table), each with the instruction it issues and the SM clock it
-    ran at — "(own)": by its own counters (FFMA, the varying-operand mma.sync kernel), "(after)": read right
-    after its run (``rec["ceiling_clocks_ghz"]``, ``ceiling_clocks``), or "not in this record": (table, glue dict, FFMA
+    ran at — "(own)": by its own counters (FFMA, the varying-operand mma.sync and wgmma kernels), "(after)": read
+    right after its run (``rec["ceiling_clocks_ghz"]``, ``ceiling_clocks``), or "not in this record": (table, glue
+    dict, FFMA
     TFLOP/s, the mma.sync ceiling ÷ 3). The mma.sync TF32 ceiling is the varying-operand kernel's."""
     import pandas as pd
 
@@ -603,15 +649,18 @@ def ceilings_table(ch3: dict, t_ceil, rec: dict):
     mma = tflops["mma_ceiling"] if "mma_ceiling" in tflops else tflops["mma_peak"]
     rate = {"ffma": ffma, **tflops, "mma_ceiling": mma}
     own = {"ffma": ch3.get("ffma_clock", {}).get("kernel GHz (median over blocks)"),
-           "mma_ceiling": rec.get("mma_clock_ghz")}
+           "mma_ceiling": rec.get("mma_clock_ghz"), "wgmma_ceiling": rec.get("wgmma_clock_ghz")}
     after = rec.get("ceiling_clocks_ghz", {})
     clock = {k: f"{own[k]:.2f} (own)" if own.get(k) else f"{after[k]:.2f} (after)" if k in after
              else "not in this record" for _, _, k in CEILINGS}
     table = pd.DataFrame([{"rate": n, "instruction": ins, "TFLOP/s": rate[k],
                            "float32-accurate TFLOP/s": rate[k] / 3 if "TF32" in n else rate[k], "SM GHz": clock[k]}
-                          for n, ins, k in CEILINGS]).set_index("rate")
+                          for n, ins, k in CEILINGS if k in rate]).set_index("rate")  # wgmma: sm_90 only
     glue = {"ffma_tflops": ffma, "tf32_over_ffma": tflops["eager_tf32"] / ffma, "mma_tflops": mma,
-            "mma_const_tflops": tflops["mma_peak"], "mma3": mma / 3, "wgmma3": tflops["eager_tf32"] / 3,
+            "mma_const_tflops": tflops["mma_peak"], "mma3": mma / 3,
+            "wgmma_tflops": rate.get("wgmma_ceiling", float("nan")),
+            "wgmma3": rate.get("wgmma_ceiling", float("nan")) / 3,
+            "wgmma_clock_ghz": rec.get("wgmma_clock_ghz") or float("nan"),
             "tf32_tflops": tflops["eager_tf32"], "mma_clock_ghz": rec.get("mma_clock_ghz") or float("nan"),
             "tf32_ghz": after.get("eager_tf32", float("nan"))}
     return table, glue, ffma, mma / 3
@@ -626,8 +675,25 @@ def cutlass_glue(t, err: dict, ours: str) -> dict:
     best = c3.idxmax()
     return {"cutlass3_tflops": c3.max(), "cutlass3_tile": best.split("_")[-1].replace("x", " × "),
             "cutlass3_err": err[best], "cutlass3_vs_v5": c3.max() / t.loc[ours, "TFLOP/s"],
-            "cutlass3_pct": t.loc[best, "% of mma.sync ceiling"], "cutlass1_tflops": c1.max(),
-            "cutlass1_pct": t.loc[c1.idxmax(), "% of mma.sync ceiling"]}
+            "cutlass3_pct": t.loc[best, "% of its ceiling"], "cutlass1_tflops": c1.max(),
+            "cutlass1_pct": t.loc[c1.idxmax(), "% of its ceiling"]}
+
+
+def wgmma_glue(t, err: dict, sgemm: float) -> dict:
+    """The numbers the chapter quotes about the wgmma versions in the 8192³ table ``t``: w1's and w2's rates
+    and errors, w2's % of wgmma's 3xTF32 ceiling and its speed over cuBLAS's SGEMM (``sgemm`` TFLOP/s), CUTLASS's
+    fastest 3xTF32 tile and version 5; plain TF32 through w1 (NaN where the GPU has no wgmma)."""
+    if "ours_w2" not in t.index:
+        keys = ["w1_tflops", "w2_tflops", "w1_err", "w2_err", "w2_pct", "w2_vs_sgemm", "w2_vs_cutlass",
+                "w2_vs_v5", "w1_tf32_tflops", "w1_tf32_pct"]
+        return dict.fromkeys(keys, float("nan"))
+    w2, rate = t.loc["ours_w2"], t["TFLOP/s"]
+    cut3 = rate[t.index.str.startswith("cutlass_3xtf32")].max()
+    return {"w1_tflops": rate["ours_w1"], "w2_tflops": w2["TFLOP/s"], "w1_err": err["ours_w1"],
+            "w2_err": err["ours_w2"], "w2_pct": w2["% of its ceiling"],
+            "w2_vs_sgemm": w2["TFLOP/s"] / sgemm,
+            "w2_vs_cutlass": w2["TFLOP/s"] / cut3, "w2_vs_v5": w2["TFLOP/s"] / rate["ours_v5"],
+            "w1_tf32_tflops": rate["ours_w1_tf32"], "w1_tf32_pct": t.loc["ours_w1_tf32", "% of its ceiling"]}
 
 
 # The inputs of the book's definition of float32-accurate (the method chapter) beyond uniform [-1, 1): a shifted
@@ -648,20 +714,27 @@ def definition_inputs(seed: int = 0, device: str = "cuda") -> dict[str, tuple[to
             "magnitudes 2^-60 … 2^60": (wide * (1 + 0.5 * u([m, k], 7, 0.0, 1.0)), u([k, n], 8))}
 
 
+def version_name(version: int | str) -> str:
+    """A version as the tables name it: v1 … v5 (mma.sync), w1, w2 (wgmma)."""
+    return f"v{version}" if isinstance(version, int) else version
+
+
 def version_checks(rows: list[dict]) -> dict[str, dict]:
-    """The record's checks from ``check_versions``'s rows: every version from 2 on, each shape, within twice
-    cuBLAS's float32 error on the same inputs plus 1e-7 (for errors of a few roundings)."""
+    """The record's checks from ``check_versions``'s rows: every version but the chained ones (v1, w1), each
+    shape, within twice cuBLAS's float32 error on the same inputs plus 1e-7 (for errors of a few roundings)."""
     out = {}
     for r in rows:
-        if r["version"] > 1:
+        if r["version"] not in (1, "w1"):
             tol = 2 * r["cuBLAS float32"] + 1e-7
-            out[f"v{r['version']} {r['shape']}"] = {"rel_err": r["3xTF32"], "max_abs_err": r["3xTF32 max abs"],
-                                                    "tol": tol, "unwritten": 0, "passed": r["3xTF32"] <= tol}
+            out[f"{version_name(r['version'])} {r['shape']}"] = {
+                "rel_err": r["3xTF32"], "max_abs_err": r["3xTF32 max abs"], "tol": tol, "unwritten": 0,
+                "passed": r["3xTF32"] <= tol}
     return out
 
 
-def definition_rows(mod, cutlass) -> list[dict]:
-    """The definition's other input classes (``definition_inputs``) through versions 2–5 and CUTLASS's 3xTF32:
+def definition_rows(mod, cutlass, wg=None) -> list[dict]:
+    """The definition's other input classes (``definition_inputs``) through versions 2–5, CUTLASS's 3xTF32 and
+    (given ``wg``, gemm_wgmma) the staged wgmma version w2:
     each path's error against float64, cuBLAS float32's on the same input, and their ratio (≤ 2: float32-accurate
     by the book's definition)."""
     from ..harness import check, precision
@@ -673,6 +746,8 @@ def definition_rows(mod, cutlass) -> list[dict]:
             lib = check.report(a @ b, ref, tol=1.0)["rel_err"]
         paths = {f"v{v}": mod.gemm_tf32(a, b, 3, v) for v in VERSIONS if v > 1}
         paths["CUTLASS 3xTF32"] = cutlass.cutlass_gemm(a, b, 3, 0)
+        if wg is not None:
+            paths["w2"] = wg.gemm(a, b, 3, 2)
         for path, out in paths.items():
             err = check.report(out, ref, tol=1.0)["rel_err"]
             rows.append({"input": name, "path": path, "error": err, "cuBLAS float32": lib, "ratio": err / lib})
@@ -694,11 +769,13 @@ DEFINITION_KEYS = {"a shifted by +1000": "shift", "products that cancel": "cance
 
 def definition_glue(rows: list[dict]) -> dict[str, float]:
     """The definition's rows as the chapter quotes them: per input class, the worst ratio to cuBLAS float32's
-    error of versions 2–5 (``def_v_shift``, ``def_v_cancel``, ``def_v_wide``) and of CUTLASS's 3xTF32
-    (``def_cut_…``); at most 2 is float32-accurate by the book's definition."""
+    error of versions 2–5 (``def_v_shift``, ``def_v_cancel``, ``def_v_wide``), of CUTLASS's 3xTF32
+    (``def_cut_…``) and of wgmma's w2 (``def_w_…``, where measured); at most 2 is float32-accurate by the
+    book's definition."""
     out: dict[str, float] = {}
     for r in rows:
-        key = f"def_{'cut' if r['path'].startswith('CUTLASS') else 'v'}_{DEFINITION_KEYS[r['input']]}"
+        kind = "cut" if r["path"].startswith("CUTLASS") else "w" if r["path"].startswith("w") else "v"
+        key = f"def_{kind}_{DEFINITION_KEYS[r['input']]}"
         out[key] = max(out.get(key, 0.0), r["ratio"])
     return out
 
@@ -708,7 +785,7 @@ def check_glue(chk, definition: list[dict]) -> dict:
     error over cuBLAS float32's, on which shape and with which two errors; the worst on shapes with K of at
     least 20 (where the errors are more than a few roundings); and the definition's ratios
     (``definition_glue``)."""
-    ok = chk[chk.version > 1]
+    ok = chk[chk.version.isin([2, 3, 4, 5])]
     ratio = ok["3xTF32"] / ok["cuBLAS float32"]
     deep = ok["shape"].str.split("×").str[2].astype(int) >= 20
     w = ok.loc[ratio.idxmax()]
@@ -718,6 +795,7 @@ def check_glue(chk, definition: list[dict]) -> dict:
 
 def version_table(chk):
     """``check_versions``'s rows as a table: shape × version (3xTF32 error), with TF32's and cuBLAS's worst."""
-    by_v = chk.pivot(index="shape", columns="version", values="3xTF32").add_prefix("v")
+    chk = chk.assign(version=chk.version.map(version_name))
+    by_v = chk.pivot(index="shape", columns="version", values="3xTF32")[list(chk.version.unique())]
     worst = chk.groupby("shape")[["TF32", "cuBLAS float32"]].max()
-    return by_v.join(worst.rename(columns={"TF32": "TF32 (ours, 1 pass)"})).reindex(chk["shape"].unique())
+    return by_v.join(worst.rename(columns={"TF32": "TF32, 1 pass"})).reindex(chk["shape"].unique())

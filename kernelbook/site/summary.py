@@ -26,6 +26,7 @@ placeholder (``repository_url``), so the front matter states neither as a typed 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,29 +79,34 @@ def table_rows(rec: dict) -> dict[tuple[str, str], dict[str, str]]:
     return out
 
 
-TENSOR_CORES = "06_tensor_cores"  # the chapter that measures the tensor cores' rate (its mma_peak kernel)
+TENSOR_CORES = "06_tensor_cores"  # the chapter that measures the tensor cores' rates (its ceiling kernels)
+# The tensor-core chapter's ceiling variant for each instruction (older records: mma_peak, constant operands)
+TC_CEILINGS = {"mma.sync": ("mma_ceiling", "mma_peak"), "wgmma": ("wgmma_ceiling",)}
 
 
-def tensor_core_rate(gpu_slug: str | None = None, root: Path = RESULTS) -> float | None:
-    """FLOP/s of 3xTF32 products on ``gpu_slug``: a third of the TF32 mma.sync ceiling the tensor-core chapter
-    measured (``mma_ceiling``, operands varying; ``mma_peak`` in older records; None where it has no record)."""
+def tensor_core_rate(gpu_slug: str | None = None, root: Path = RESULTS, instruction: str = "mma.sync") -> float | None:
+    """FLOP/s of 3xTF32 products on ``gpu_slug`` through ``instruction`` ("mma.sync", or "wgmma" on sm_90): a third
+    of the TF32 ceiling the tensor-core chapter measured for it with varying operands (None where not recorded)."""
     rec = next((r for r in on_gpu(gpu_slug, root) if r["chapter"] == TENSOR_CORES), None)
-    name = next((n for n in ("mma_ceiling", "mma_peak") if n in (rec or {}).get("timings_ms", {})), None)
+    name = next((n for n in TC_CEILINGS[instruction] if n in (rec or {}).get("timings_ms", {})), None)
     if name is None:
         return None
     return 1e3 * rec["variants"][name]["counts"]["flop"] / rec["timings_ms"][name]["median"] / 3
 
 
 def floor_ms(rec: dict, variant: str, ceil: tuple[float, float] | None,
-             tc_rate: float | None = None) -> float | None:
+             tc_rate: float | Mapping[str, float | None] | None = None) -> float | None:
     """The roofline bound of ``variant``'s declared counts (module docstring), in ms, at the rate of the
-    arithmetic it ran in: the FP32 rate, or for 3xTF32 ``tc_rate`` (``tensor_core_rate``); None if unknown."""
+    arithmetic it ran in: the FP32 rate, or for 3xTF32 the rate of the instruction it issues (``tc_rate``:
+    instruction → ``tensor_core_rate``, or one rate for mma.sync); None if unknown."""
     d = rec.get("variants", {}).get(variant, {})
     counts, math = d.get("counts", {}), d.get("math", "fp32")
-    if ceil is None or not counts or math not in ("fp32", "3xtf32") or (math == "3xtf32" and not tc_rate):
+    rates = tc_rate if isinstance(tc_rate, Mapping) else {"mma.sync": tc_rate}
+    tc = rates.get(d.get("instruction") or "mma.sync")
+    if ceil is None or not counts or math not in ("fp32", "3xtf32") or (math == "3xtf32" and not tc):
         return None
     peak, bandwidth = ceil
-    peak = tc_rate if math == "3xtf32" else peak
+    peak = tc if math == "3xtf32" else peak
     bandwidth = reference_rates(rec).get("bytes", bandwidth)
     return 1e3 * max(counts.get("flop", 0.0) / peak, counts.get("bytes", 0.0) / bandwidth)
 
@@ -160,7 +166,8 @@ def rows(gpu_slug: str | None = None, root: Path = RESULTS) -> list[dict]:
     """The table's rows (numbers, not text), chapter by chapter, in the order the chapters declared them; each
     time's range between processes under "<provider> range" ((least, greatest, runs), or None)."""
     slug = results_gpu(gpu_slug)
-    ceil, tc, ranges = ceilings(slug, root), tensor_core_rate(slug, root), spread(slug, root).ranges
+    ceil, ranges = ceilings(slug, root), spread(slug, root).ranges
+    tc = {i: tensor_core_rate(slug, root, i) for i in TC_CEILINGS}
     out = []
     for rec in sorted(on_gpu(slug, root), key=lambda r: r["chapter"]):
         for (problem, operation), by in table_rows(rec).items():
@@ -280,9 +287,11 @@ def _spread_note(sp: Spread, shown: bool) -> str:
 def _floor_note(gpu_slug: str | None, root: Path) -> str:
     """What "% of floor" divides by, with the measured ceilings it uses."""
     peak, bandwidth = ceilings(gpu_slug, root) or (float("nan"), float("nan"))
-    tc = tensor_core_rate(gpu_slug, root)
+    tc, wg = (tensor_core_rate(gpu_slug, root, i) for i in TC_CEILINGS)
     tc_text = (f" A row computed in 3xTF32 is held to the tensor cores' rate instead: {tc / 1e12:.1f} TFLOP/s, a "
-               "third of the TF32 rate of the tensor-core chapter's `mma.sync` kernel." if tc else "")
+               "third of the TF32 rate of the tensor-core chapter's `mma.sync` ceiling kernel" if tc else "")
+    tc_text += (f" ({wg / 1e12:.1f} TFLOP/s for a kernel that issues `wgmma`, a third of that chapter's `wgmma` "
+                "ceiling)." if tc and wg else "." if tc else "")
     return ("*% of floor* is the floor's time over ours (100 % is as fast as the hardware allows). The floor is "
             "the operation's least FLOPs and DRAM bytes at measured rates — whichever takes longer: "
             f"{peak / 1e12:.1f} TFLOP/s from the roofline chapter's FFMA kernel, and the device-to-device copy "
