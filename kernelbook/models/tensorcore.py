@@ -486,7 +486,9 @@ def ncu_table(rows: list[dict]):
     shared-memory bank conflicts, and warp instructions issued per tensor-core instruction."""
     import pandas as pd
 
-    t = pd.DataFrame(rows).pivot_table(index="variant", columns="metric", values="value", aggfunc="sum")
+    rows = pd.DataFrame(rows)  # the wgmma versions' split pass is a kernel of its own: not the GEMM's
+    rows = rows[~rows.get("kernel", pd.Series("", index=rows.index)).str.contains("split_planes")]
+    t = rows.pivot_table(index="variant", columns="metric", values="value", aggfunc="sum")
     pct = ".avg.pct_of_peak_sustained_active"
     out = pd.DataFrame({
         "tensor pipe %": t["sm__pipe_tensor_op_hmma_cycles_active" + pct],
