@@ -796,8 +796,18 @@ def check_glue(chk, definition: list[dict]) -> dict:
 
 
 def version_table(chk):
-    """``check_versions``'s rows as a table: shape × version (3xTF32 error), with TF32's and cuBLAS's worst."""
+    """``check_versions``'s rows as a table: shape × version (3xTF32 error), with TF32's and cuBLAS's worst.
+    Neighbouring versions whose errors are identical on every shape share one column ("v2–v5"), so the
+    table says they add the same products in the same order and fits the page."""
+    import pandas as pd
     chk = chk.assign(version=chk.version.map(version_name))
     by_v = chk.pivot(index="shape", columns="version", values="3xTF32")[list(chk.version.unique())]
+    runs = []  # runs of neighbouring columns equal on every shape
+    for col in by_v.columns:
+        if runs and by_v[col].equals(by_v[runs[-1][0]]):
+            runs[-1].append(col)
+        else:
+            runs.append([col])
+    by_v = pd.DataFrame({r[0] if len(r) == 1 else f"{r[0]}–{r[-1]}": by_v[r[0]] for r in runs})
     worst = chk.groupby("shape")[["TF32", "cuBLAS float32"]].max()
     return by_v.join(worst.rename(columns={"TF32": "TF32, 1 pass"})).reindex(chk["shape"].unique())
