@@ -158,8 +158,8 @@ VERSIONS = {  # version → what it changed (kernels/gemm_3xtf32.cu says how)
     5: "hi and lo in separate planes; A's fragments by ldmatrix",
 }
 
-WGMMA_VERSIONS = {  # Hopper's path (kernels/gemm_wgmma.cu): the copy engine fills shared memory, wgmma reads it
-    "w1": "wgmma from shared memory filled by the copy engine; one accumulator over K",
+WGMMA_VERSIONS = {  # Hopper's path (kernels/gemm_wgmma.cu): the TMA fills shared memory, wgmma reads it
+    "w1": "wgmma from shared memory filled by the TMA; one accumulator over K",
     "w2": "each 32-deep slab into a fresh accumulator, joined by FADDs",
 }
 
@@ -589,22 +589,33 @@ def rate_name(variant: str) -> str:
     return variant.replace("eager_fp32", "cuBLAS SGEMM").replace("ours_", "ours, ")
 
 
-def plot_rates(ax, tflops, lines: dict[str, float]) -> None:
+def plot_rates(ax, tflops, lines: dict[str, float], hatched: frozenset[str] = frozenset()) -> None:
     """Horizontal bars of TFLOP/s per variant (``tflops``, a Series; cuBLAS grey, ours red, CUTLASS green),
-    each labelled with its value, and a dotted vertical line per ceiling in ``lines`` (name → TFLOP/s),
-    named beside it above the bars, each name on a row of its own, to three significant figures as the
+    each labelled with its value, ``hatched`` variants (not float32-accurate) hatched and named in a legend, and
+    a dotted vertical line per ceiling in ``lines`` (name → TFLOP/s), named beside it above the bars, each name
+    on a row of its own and on a white ground (no line runs through it), to three significant figures as the
     chapter's prose gives them."""
+    from matplotlib.patches import Patch
+
     from ..harness.plots import BASELINE, CEILING, OURS
 
     names = [rate_name(n) for n in tflops.index]
     colours = [BASELINE if n.startswith("cuBLAS") else CUTLASS_COLOUR if n.startswith("CUTLASS") else OURS
                for n in names]
-    ax.barh(names, tflops, color=colours)
+    bars = ax.barh(names, tflops, color=colours)
+    for bar, v in zip(bars, tflops.index, strict=True):
+        if v in hatched:
+            bar.set_hatch("///")
+            bar.set_edgecolor("white")
     for y, v in enumerate(tflops):
         ax.text(v + 1, y, f"{v:.1f}", va="center", fontsize=9)
     for i, (name, x) in enumerate(sorted(lines.items(), key=lambda kv: kv[1])):  # one row each, lowest first
-        ax.axvline(x, color=CEILING, ls=":")
-        ax.text(x - 1, -0.9 - 0.8 * i, f"{name}: {x:.3g}", fontsize=9, ha="right", va="center")
+        ax.axvline(x, color=CEILING, ls=":", zorder=1)
+        ax.text(x - 1, -0.9 - 0.8 * i, f"{name}: {x:.3g}", fontsize=9, ha="right", va="center", zorder=3,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
+    if hatched & set(tflops.index):
+        ax.legend(handles=[Patch(facecolor=OURS, hatch="///", edgecolor="white", label="not float32-accurate")],
+                  loc="lower right", fontsize=8)
     ax.set_ylim(len(tflops) - 0.5, -0.6 - 0.8 * len(lines))  # top to bottom, rows for the ceilings' names
     ax.set_xlim(0, max(lines.values()) * 1.05)
     ax.set_xlabel("TFLOP/s (2·M·N·K / median time)")
