@@ -187,6 +187,23 @@ def test_the_checks_numbers_from_the_record():
     assert g["def_v_cancel"] > 2 >= max(g["def_v_shift"], g["def_v_wide"])
 
 
+def test_the_version_table_merges_only_versions_that_agree_everywhere():
+    """Neighbouring versions with identical errors on every shape share a column; one that differs anywhere
+    keeps its own, and the columns keep the versions' order."""
+    import pandas as pd
+
+    def rows(errs):  # version → errors on the two shapes
+        return pd.DataFrame([{"version": v, "shape": s, "3xTF32": e[i], "TF32": 3e-4, "cuBLAS float32": 1e-7}
+                             for v, e in errs.items() for i, s in enumerate(("4×4×4", "8×8×8"))])
+
+    same = {1: (5e-7, 6e-7), 2: (1e-7, 2e-7), 3: (1e-7, 2e-7), 4: (1e-7, 2e-7), 5: (1e-7, 2e-7), "w2": (3e-7, 3e-7)}
+    t = kb.tensorcore.version_table(rows(same))
+    assert list(t.columns) == ["v1", "v2–v5", "w2", "TF32, 1 pass", "cuBLAS float32"]
+    assert list(t.index) == ["4×4×4", "8×8×8"] and t.loc["8×8×8", "v2–v5"] == 2e-7
+    t = kb.tensorcore.version_table(rows({**same, 3: (1e-7, 2.1e-7)}))  # v3 differs on one shape
+    assert list(t.columns)[:4] == ["v1", "v2", "v3", "v4–v5"]
+
+
 def test_the_profiles_stall_numbers_add_up_to_the_issue_rate():
     """Version 5's warps: the stall reasons summed, plus the issuing cycle, match the cycles per instruction its
     issue share and warps per scheduler give (the Profile's arithmetic); without stall rows, nan."""
@@ -216,6 +233,12 @@ def test_the_rates_figure_names_and_colours_each_provider():
     colours = [matplotlib.colors.to_hex(b.get_facecolor()) for b in ax.patches]
     assert len(set(colours)) == 3 and colours[2] == tc.CUTLASS_COLOUR
     assert any(t.get_text() == "FFMA pipe: 65.5" for t in ax.texts)  # as the prose rounds it
+    assert ax.get_legend() is None  # nothing hatched, no legend
+    _, ax = plt.subplots()
+    tc.plot_rates(ax, pd.Series({"eager_fp32": 51.3, "ours_v1": 45.2, "ours_v5": 48.1}), {"FFMA pipe": 65.54},
+                  hatched=frozenset({"ours_v1"}))
+    assert [b.get_hatch() for b in ax.patches[:3]] == [None, "///", None]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["not float32-accurate"]
     plt.close("all")
 
 
