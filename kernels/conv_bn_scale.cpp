@@ -226,10 +226,12 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
 }
 
 // The guard of strategy="auto" on x, conv_w and BN's γ, β (None: 1, 0), ε and the scale, with the moments' sums in
-// the arithmetic `math` resolves to: {"choice": "moments" | "inplace", "predicted": the moments path's predicted
-// norm-wise output error, "allowed": what it is compared with, "math": the sums' arithmetic}. Runs the statistics
-// and the guard, then one host synchronisation to read them: for inspection and tests; the training call itself
-// never waits. C_in > 8: the in-place path, nothing predicted (NaN).
+// the arithmetic `math` resolves to: {"choice": "moments" | "inplace", "conv": the moments path's convolution's
+// arithmetic ("fp32" where the guard predicts that the tensor cores' would cost the output its accuracy),
+// "predicted": the statistics' predicted norm-wise output error, "predicted_conv": the tensor-core convolution's
+// (0 when the moments' convolution is FFMA), "allowed": what they are compared with, "math": the sums'
+// arithmetic}. Runs the statistics and the guard, then one host synchronisation to read them: for inspection and
+// tests; the training call itself never waits. C_in > 8: the in-place path, nothing predicted (NaN).
 static pybind11::dict run_guard(const char* op, const torch::Tensor& x, const torch::Tensor& conv_w,
                                 const std::optional<torch::Tensor>& conv_b, const std::string& math,
                                 const std::optional<torch::Tensor>& bn_w,
@@ -240,7 +242,9 @@ static pybind11::dict run_guard(const char* op, const torch::Tensor& x, const to
     out["math"] = math_name(m);
     if (x.size(1) > cbs_moments_max_channels()) {
         out["choice"] = "inplace";
+        out["conv"] = math_name(m);
         out["predicted"] = std::nan("");
+        out["predicted_conv"] = std::nan("");
         out["allowed"] = std::nan("");
         return out;
     }
@@ -262,11 +266,13 @@ static pybind11::dict run_guard(const char* op, const torch::Tensor& x, const to
                                             static_cast<float>(eps), static_cast<float>(scale), m, stream),
                      op);
     const int64_t p = cbs_guard_prediction_offset();
-    const torch::Tensor pred = acc.slice(0, p, p + 2).cpu();
+    const torch::Tensor pred = acc.slice(0, p, p + 3).cpu();
     const int flag = acc.slice(0, cbs_guard_offset(), cbs_guard_offset() + 1).view(torch::kInt32)[0].item<int>();
-    out["choice"] = flag != 0 ? "inplace" : "moments";
+    out["choice"] = flag == 1 ? "inplace" : "moments";
+    out["conv"] = flag == 2 ? "fp32" : math_name(m);
     out["predicted"] = pred[0].item<double>();
     out["allowed"] = pred[1].item<double>();
+    out["predicted_conv"] = pred[2].item<double>();
     return out;
 }
 
@@ -290,13 +296,14 @@ std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tenso
 pybind11::dict guard_model(const std::string& math) {
     KB_CHECK(math == "fp32" || math == "3xtf32", "guard_model", ": math must be 'fp32' or '3xtf32', got '", math,
              "'");
-    double v[4];
+    double v[5];
     cbs_guard_model(math == "3xtf32" ? kCbs3xTf32 : kCbsFp32, v);
     pybind11::dict out;
     out["u"] = v[0];
     out["floor"] = v[1];
     out["spread"] = v[2];
     out["allowance"] = v[3];
+    out["conv_unit"] = v[4];
     return out;
 }
 
@@ -335,9 +342,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "FP32, tc_rates.h, and C_in <= 8; in eval mode, which has no guard against cancelling products, FFMA)",
           arg("x"), arg("math") = "auto", arg("mode") = "train");
     m.def("conv_bn_scale_guard", &conv_bn_scale_guard,
-          "The guard of strategy='auto' on this batch, filter and BatchNorm: {'choice', 'predicted' (the moments "
-          "path's predicted norm-wise output error), 'allowed' (the float32 allowance it is compared with), 'math' "
-          "(the moments' sums' arithmetic)} (synchronises: for inspection)",
+          "The guard of strategy='auto' on this batch, filter and BatchNorm: {'choice', 'conv' (the moments "
+          "path's convolution's arithmetic), 'predicted' (the statistics' predicted norm-wise output error), "
+          "'predicted_conv' (the tensor-core convolution's), 'allowed' (the float32 allowance they are compared "
+          "with), 'math' (the moments' sums' arithmetic)} (synchronises: for inspection)",
           arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none(), arg("math") = "auto",
           arg("bn_w") = pybind11::none(), arg("bn_b") = pybind11::none(), arg("eps") = 1e-5, arg("scale") = 1.0);
     m.def("conv_bn_scale_auto_choice", &conv_bn_scale_auto_choice,
@@ -347,8 +355,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           arg("bn_w") = pybind11::none(), arg("bn_b") = pybind11::none(), arg("eps") = 1e-5, arg("scale") = 1.0);
     m.def("guard_model", &guard_model,
           "The guard's error model for the moments' sums in `math` ('fp32' or '3xtf32'): {'u', 'floor', 'spread', "
-          "'allowance'}; the variance of a channel errs by about u*sqrt(floor^2 + (spread*rho)^2), and the moments "
-          "are taken while the predicted output error is at most allowance*u*sqrt(C_in*9)",
+          "'allowance', 'conv_unit'}; the variance of a channel errs by about u*sqrt(floor^2 + (spread*rho)^2), "
+          "the moments are taken while the predicted output error is at most allowance*u*sqrt(C_in*9), and their "
+          "convolution stays on the tensor cores while that with its own error (a product errs about conv_unit*u "
+          "of |w*x|) is too",
           arg("math"));
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");

@@ -676,11 +676,11 @@ void cbs_config(int* out) {
 
 namespace cbs {
 
-// Eval mode: y = conv(x, w) + b, by FFMA or on the tensor cores (math); with a guard, only when *guard == 0
-// ("auto" chose the moments).
+// Eval mode: y = conv(x, w) + b, by FFMA or on the tensor cores (math); with a guard, only when *guard == run_if
+// ("auto" chose the moments with this convolution: cbm::FLAG_MOMENTS or FLAG_MOMENTS_FFMA_CONV).
 cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                 int C_out, const unsigned* guard, int math, cudaStream_t stream) {
-    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 0u, stream);
+                 int C_out, const unsigned* guard, int math, cudaStream_t stream, unsigned run_if = cbm::FLAG_MOMENTS) {
+    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, run_if, stream);
     if (math != kCbsFp32) return cudaErrorInvalidValue;
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles == 0) return cudaSuccess;
@@ -693,7 +693,7 @@ cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64
     if (err != cudaSuccess) return err;
     Stats st{};
     st.guard = guard;
-    st.run_if = 0u;
+    st.run_if = run_if;
     return launch<false>(x, w, b, y, s, st, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
 }
 
@@ -867,8 +867,10 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
 }
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles); the
-// guard's flag and its prediction in the workspace, and its model for the sums' arithmetic: {u, floor, spread,
-// allowance factor} (the allowance for C_in input channels is factor·u·√(C_in·9)).
+// guard's flag and its prediction in the workspace (the statistics' predicted error, the allowance and the
+// tensor-core convolution's predicted error, consecutive), and its model for the sums' arithmetic: {u, floor,
+// spread, allowance factor, the convolution's unit} (the allowance for C_in input channels is
+// factor·u·√(C_in·9)).
 int cbs_moments_max_channels() { return cbm::CI_MAX; }
 int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
 int64_t cbs_guard_offset() { return cbm::GUARD_OFFSET; }
@@ -879,6 +881,7 @@ void cbs_guard_model(int math, double* out) {
     out[1] = m.floor;
     out[2] = m.spread;
     out[3] = cbm::GUARD_ALLOWANCE;
+    out[4] = cbm::CONV_TF32_UNIT;
 }
 
 // Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
@@ -897,9 +900,10 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
     return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, math, stream);
 }
 
-// "auto" (C_in ≤ 8): the moments' statistics and fold with the guard, then both strategies' launches, each
-// gated by the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. math: the moments' sums
-// and their convolution; inplace_math: the in-place path's convolution. Workspaces: those of
+// "auto" (C_in ≤ 8): the moments' statistics and fold with the guard, then every path's launches, each gated by
+// the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. math: the moments' sums and their
+// convolution (with math 3xTF32, the FFMA convolution where the guard predicts that the tensor cores' would
+// cost the output its accuracy); inplace_math: the in-place path's convolution. Workspaces: those of
 // both strategies (the in-place path's arrivals counter lives in acc, zeroed by the cov kernel), and staged
 // [2·C_out] floats when the running statistics are tracked.
 cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
@@ -914,8 +918,9 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
         return cudaErrorInvalidValue;
     // excerpt: auto
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
-    const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          guard, acc + cbm::RISK_OFFSET, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
+    cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
+                    guard, acc + cbm::RISK_OFFSET, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
+    f.tc_conv = math == kCbs3xTf32;
     cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     if (running_mean) {
@@ -924,6 +929,9 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
         if (err != cudaSuccess) return err;
     }
     err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, math, stream);  // flag 0
+    if (err == cudaSuccess && f.tc_conv)  // flag 2
+        err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, kCbsFp32, stream,
+                        cbm::FLAG_MOMENTS_FFMA_CONV);
     if (err != cudaSuccess) return err;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
                               partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,
@@ -933,13 +941,15 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
 
 // The guard alone, for inspection: the moments' statistics with the guard on x, w and BN's γ, β, ε and the scale
 // (nothing else written but the workspaces); once the stream has run, the flag is acc[cbs_guard_offset()]'s first
-// 32-bit word and the predicted error and its allowance are acc[cbs_guard_prediction_offset()] and the next double.
+// 32-bit word (cbm::FLAG_*), and the statistics' predicted error, its allowance and the tensor-core convolution's
+// predicted error are acc[cbs_guard_prediction_offset()] and the next two doubles.
 cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
                                    const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
                                    int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);
-    const cbm::Finalize f{w, b, gamma, beta, nullptr, nullptr, nullptr, w_fold, b_fold, guard, acc + cbm::RISK_OFFSET,
-                          nullptr, C_out, -1.f, eps, scale};
+    cbm::Finalize f{w, b, gamma, beta, nullptr, nullptr, nullptr, w_fold, b_fold, guard, acc + cbm::RISK_OFFSET,
+                    nullptr, C_out, -1.f, eps, scale};
+    f.tc_conv = math == kCbs3xTf32;
     return cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
 }

@@ -47,8 +47,9 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int inplace_math, cudaStream_t stream);
 
 // The guard alone, with the moments' sums in the given arithmetic, for BN's γ, β (null: 1, 0), ε and the scale:
-// once the stream has run, the flag is acc[cbs_guard_offset()]'s first 32-bit word, and the predicted output error
-// and the allowance it was compared with are acc[cbs_guard_prediction_offset()] and the double after it.
+// once the stream has run, the flag is acc[cbs_guard_offset()]'s first 32-bit word (0 the moments, 1 in place, 2
+// the moments with the FFMA convolution), and the statistics' predicted output error, the allowance and the
+// tensor-core convolution's predicted error are acc[cbs_guard_prediction_offset()] and the two doubles after it.
 cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
                                    const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
                                    int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream);

@@ -40,11 +40,18 @@
 // norm-wise error is E = ½·u·√(Σ_c (γ_c s)²·r_c³·(a² + c²ρ_c²) / Σ_c ((γ_c s)²·r_c + (β_c s)²)), r_c the
 // share var_c / (var_c + ε) (ε damps the error). The library's own error on a K-term dot product is about
 // u·√K (K = C_in·9); "float32-accurate" allows twice it, and the folded convolution spends about one of the
-// two in quadrature, so the moments are taken while E ≤ √3·u·√K. The fold kernel already holds Σ, m and w_c:
+// two in quadrature, so the moments are taken while E ≤ √3·u·√K. A 3xTF32 output convolution adds its own
+// rounding, which scales with |w·x| rather than with the output: a split product errs about CONV_TF32_UNIT·u of
+// |w_ck·x_k| at random, so channel c's output errs u·CONV_TF32_UNIT·√Q_c, Q_c = Σ_k w_ck²·E[x_k²], and its
+// normalised output (γ_c s)²·Q_c/(σ_c²+ε) in square — large where the products cancel. While √(E² + E_conv²)
+// stays within the allowance the convolution runs on the tensor cores; otherwise the moments' statistics are
+// kept and the convolution runs by FFMA (flag 2), which errs as the library's. The fold kernel already holds Σ, m
+// and w_c:
 // each block adds its channel's terms in double, the last block to arrive compares and sets a flag in device
-// memory. The launches that follow read the flag and each exits at once unless it selects it: either the
-// running statistics staged by the fold are committed and the folded convolution writes the output (moments),
-// or the in-place strategy runs. No host synchronisation; the running statistics are updated by exactly one path.
+// memory: 0 the moments, 2 the moments with the FFMA convolution, 1 in place. The launches that follow read the
+// flag and each exits at once unless it selects it: either the running statistics staged by the fold are
+// committed and the folded convolution (on the tensor cores, or by FFMA) writes the output, or the in-place
+// strategy runs. No host synchronisation; the running statistics are updated by exactly one path.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -80,6 +87,14 @@ constexpr GuardModel GUARD_TF32{4.0, 2.0};   // 3xTF32 sums: floor 3.1u measured
 // pairs at the benchmark's batch). "Float32-accurate" allows twice the library's error; our folded convolution
 // errs about as the library's does and adds in quadrature, so the statistics may add √(2² − 1) = √3 times it.
 constexpr double GUARD_ALLOWANCE = 1.7320508075688772;
+// A 3xTF32 product's error as a standard deviation, in units of u of |w·x|: the split emulated on the CPU (hi
+// rounded, the input's lo truncated by the tensor core, lo·lo dropped) errs 1.2–1.3u rms on uniform, normal and
+// log-normal operands; 2 leaves a margin for the tensor core's truncating accumulation, which that leaves out.
+// On the natural images' Sobel filter the moments on the tensor cores measured an output error that bounds it
+// at 1.3u (guard_study.split_product_error, and chapter 7's record).
+constexpr double CONV_TF32_UNIT = 2.0;
+// The guard's flag: the path strategy "auto" takes.
+constexpr unsigned FLAG_MOMENTS = 0u, FLAG_INPLACE = 1u, FLAG_MOMENTS_FFMA_CONV = 2u;
 
 // Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, group of JG partner channels
 // j) is half a warp, each lane a strip of STRIP columns; 16 items = 256 threads. A lane walks the partner rows ρ
@@ -542,25 +557,27 @@ struct Finalize {
     int64_t* num_batches_tracked;
     float* w_fold;         // out: (C_out, C, 3, 3)
     float* b_fold;         // out: (C_out)
-    unsigned* guard;       // "auto": [0] set to 1 when the predicted error exceeds the allowance; null: no guard
+    unsigned* guard;       // "auto": [0] the path (FLAG_*), set by the last fold block; null: no guard
     double* risk;          // "auto": the workspace's RISK_SLOTS doubles (the prediction); null with guard null
     float* staged;         // "auto": [2·C_out] new running mean, var (moments_commit_kernel); null: in place
     int C_out;
     float momentum;        // < 0: None (cumulative average)
     float eps, scale;
     GuardModel model = GUARD_FFMA;  // the sums' error model (GUARD_TF32 for moments_tc_kernel's)
+    bool tc_conv = false;           // the folded convolution would run on the tensor cores (3xTF32)
 };
 
 // Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX), the running-average
 // weight (1), the guard's two counters (one double: the flag, then the in-place path's block arrivals), and the
-// guard's prediction (RISK_*: its two sums over channels, the fold's block arrivals, the predicted error and the
-// allowance it was compared with).
+// guard's prediction (RISK_*: its three sums over channels, the fold's block arrivals, the statistics' predicted
+// error, the allowance it was compared with, and the tensor-core convolution's predicted error).
 constexpr int COV_OFFSET = ACC_DOUBLES;
 constexpr int MEAN_OFFSET = COV_OFFSET + KMAX * KMAX;
 constexpr int FACTOR_OFFSET = MEAN_OFFSET + KMAX;
 constexpr int GUARD_OFFSET = FACTOR_OFFSET + 1;
 constexpr int RISK_OFFSET = GUARD_OFFSET + 1;
-constexpr int RISK_NUM = 0, RISK_DEN = 1, RISK_ARRIVALS = 2, RISK_PREDICTED = 3, RISK_ALLOWED = 4, RISK_SLOTS = 5;
+constexpr int RISK_NUM = 0, RISK_DEN = 1, RISK_CONV = 2, RISK_ARRIVALS = 3, RISK_PREDICTED = 4, RISK_ALLOWED = 5,
+              RISK_PREDICTED_CONV = 6, RISK_SLOTS = 7;
 constexpr int WORKSPACE_DOUBLES = RISK_OFFSET + RISK_SLOTS;
 
 // The allowance the guard compares its predicted output error with, for K = C_in·9 (see GuardModel).
@@ -597,25 +614,31 @@ __global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __re
     }
 }
 
-// The guard's part of fold block c (one thread): channel c's terms of the predicted error E (the header's formula;
-// ρ_c² = frob / var², written without dividing by var, which is 0 for a constant channel), added in double; the
-// last block to arrive compares E with the allowance and sets the flag (NaN sets it too). E and the allowance stay
-// in the workspace for inspection.
-__device__ __forceinline__ void guard_channel(const Finalize& f, int K, int c, double var, double frob) {
+// The guard's part of fold block c (one thread): channel c's terms of the predicted errors E and E_conv (the
+// header's formulas; ρ_c² = frob / var², written without dividing by var, which is 0 for a constant channel; q =
+// Q_c), added in double; the last block to arrive compares them with the allowance and sets the flag (NaN: in
+// place). E, the allowance and E_conv stay in the workspace for inspection.
+__device__ __forceinline__ void guard_channel(const Finalize& f, int K, int c, double var, double frob, double q) {
     const double g = (f.gamma ? f.gamma[c] : 1.0) * f.scale, gg = g * g;
     const double be = (f.beta ? f.beta[c] : 0.0) * f.scale;
     const double ve = var + f.eps, r = ve > 0.0 ? var / ve : 0.0, fl = f.model.floor, sp = f.model.spread;
     const double num = ve > 0.0 ? gg * (fl * fl * r * r * r + sp * sp * frob * var / (ve * ve * ve)) : 0.0;
     atomicAdd(f.risk + RISK_NUM, num);
     atomicAdd(f.risk + RISK_DEN, gg * r + be * be);
+    if (f.tc_conv) atomicAdd(f.risk + RISK_CONV, ve > 0.0 ? gg * q / ve : 0.0);
     __threadfence();  // the terms before the arrival
     if (atomicAdd(reinterpret_cast<unsigned*>(f.risk + RISK_ARRIVALS), 1u) != gridDim.x - 1) return;
     __threadfence();
     const double n = atomicAdd(f.risk + RISK_NUM, 0.0), d = atomicAdd(f.risk + RISK_DEN, 0.0);
+    const double nc = atomicAdd(f.risk + RISK_CONV, 0.0);
     const double e = d > 0.0 ? 0.5 * U32 * sqrt(n / d) : 0.0, allowed = guard_allowance(K);
+    const double ec = d > 0.0 && f.tc_conv ? CONV_TF32_UNIT * U32 * sqrt(nc / d) : 0.0;
     f.risk[RISK_PREDICTED] = e;
     f.risk[RISK_ALLOWED] = allowed;
-    if (!(e <= allowed)) *f.guard = 1u;
+    f.risk[RISK_PREDICTED_CONV] = ec;
+    *f.guard = !(e <= allowed)                     ? FLAG_INPLACE
+               : sqrt(e * e + ec * ec) <= allowed ? FLAG_MOMENTS
+                                                  : FLAG_MOMENTS_FFMA_CONV;
 }
 
 // Block c: mean_c = w_c·(m + pivot) + bias_c and var_c = w_cᵀΣw_c in double; the running statistics; the folded
@@ -627,7 +650,7 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     __shared__ double cov[KMAX * KMAX];  // 41,472 B: staged with independent loads, not read in a dependent chain
     __shared__ double wc[KMAX];
     __shared__ double mp[KMAX];  // the patch mean of x − p
-    __shared__ double red[3][F_THREADS / 32];
+    __shared__ double red[4][F_THREADS / 32];
     const int K = s.C * K3 * K3, c = blockIdx.x;
     const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
     for (int v = threadIdx.x; v < K; v += F_THREADS) {
@@ -638,6 +661,7 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     __syncthreads();
     // excerpt: guard
     double var = 0.0, mu = 0.0, frob = 0.0;  // w_cᵀΣw_c, the mean, ‖(w_c w_cᵀ) ∘ S‖_F² with S = Σ + m·mᵀ
+    double q = 0.0;                          // Q_c = Σ_v w_v²·E[x_v²]: the products' size, x as convolved
     for (int v = threadIdx.x; v < K; v += F_THREADS) {  // thread v: w_v · Σ_u w_u Σ[u, v]
         double part = 0.0, fpart = 0.0;
         for (int u = 0; u < K; ++u) {
@@ -647,24 +671,28 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
         }
         var = fma(wc[v], part, var);
         frob = fma(wc[v] * wc[v], fpart, frob);
-        mu = fma(wc[v], mp[v] + pivot(x, s, v / 9), mu);  // E[x] = E[x − pivot] + pivot
+        const double ex = mp[v] + pivot(x, s, v / 9);  // E[x] = E[x − pivot] + pivot
+        mu = fma(wc[v], ex, mu);
+        q = fma(wc[v] * wc[v], fma(ex, ex, cov[v * K + v]), q);  // E[x²] = Σ[v, v] + E[x]²
     }
     for (int o = 16; o > 0; o >>= 1) {
         var += __shfl_xor_sync(0xffffffffu, var, o);
         mu += __shfl_xor_sync(0xffffffffu, mu, o);
         frob += __shfl_xor_sync(0xffffffffu, frob, o);
+        q += __shfl_xor_sync(0xffffffffu, q, o);
     }
     if (threadIdx.x % 32 == 0) {
         red[0][threadIdx.x / 32] = var;
         red[1][threadIdx.x / 32] = mu;
         red[2][threadIdx.x / 32] = frob;
+        red[3][threadIdx.x / 32] = q;
     }
     __syncthreads();
-    var = 0.0; mu = 0.0; frob = 0.0;
+    var = 0.0; mu = 0.0; frob = 0.0; q = 0.0;
 #pragma unroll
-    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; frob += red[2][k]; }
+    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; frob += red[2][k]; q += red[3][k]; }
     var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
-    if (f.guard && threadIdx.x == 0) guard_channel(f, K, c, var, frob);
+    if (f.guard && threadIdx.x == 0) guard_channel(f, K, c, var, frob, q);
     // end excerpt: guard
     const double bias = f.bias ? f.bias[c] : 0.0;
     mu += bias;
@@ -691,12 +719,12 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     }
 }
 
-// "auto", after the fold: when the guard chose the moments (flag 0), the staged running statistics become the
+// "auto", after the fold: when the guard chose the moments (flag 0 or 2), the staged running statistics become the
 // running statistics and the batch is counted; otherwise the in-place path updates them. One block.
 constexpr int C_THREADS = 256;
 
 __global__ void __launch_bounds__(C_THREADS) moments_commit_kernel(Finalize f) {
-    if (*f.guard != 0u) return;
+    if (*f.guard == FLAG_INPLACE) return;
     for (int c = threadIdx.x; c < f.C_out; c += C_THREADS) {
         f.running_mean[c] = f.staged[c];
         f.running_var[c] = f.staged[f.C_out + c];

@@ -282,11 +282,13 @@ def test_moments_on_tensor_cores_no_worse_than_eager_on_shifted_input(cbs, shift
 
 @pytest.mark.compile
 def test_guard_model_and_probe_checks(cbs):
-    """The kernel's error model is the one the toolkit's CPU prediction uses (guard_study.GUARD_MODEL)."""
+    """The kernel's error model is the one the toolkit's CPU prediction uses (guard_study.GUARD_MODEL and
+    CONV_TF32_UNIT)."""
     from kernelbook.models import guard_study as gs
 
     for math in MATHS:
-        assert cbs.guard_model(math) == {"u": gs.U, **gs.GUARD_MODEL[math], "allowance": pytest.approx(3**0.5)}
+        assert cbs.guard_model(math) == {"u": gs.U, **gs.GUARD_MODEL[math], "allowance": pytest.approx(3**0.5),
+                                         "conv_unit": gs.CONV_TF32_UNIT}
     with pytest.raises(RuntimeError, match="guard_model: math must be 'fp32' or '3xtf32', got 'auto'"):
         cbs.guard_model("auto")
     for op in ("conv_bn_scale_auto_choice", "conv_bn_scale_guard"):

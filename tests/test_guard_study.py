@@ -179,6 +179,18 @@ def _prediction_by_hand(x, w, math_, g, be, eps, scale):
     return 0.5 * gs.U * math.sqrt(num / den)
 
 
+def _conv_prediction_by_hand(x, w, g, be, eps, scale):
+    """The tensor-core convolution's term (conv_moments.cuh's header) from the patches themselves: per channel
+    Q_c = mean over positions of Σ_k w_ck² x_k², the output's error (γ_c s)²·Q_c/(σ_c² + ε), and the norm."""
+    p = F.unfold(x.double(), 3).transpose(1, 2).reshape(-1, w[0].numel())
+    wr = w.reshape(len(w), -1).double()
+    q = (p**2 @ (wr**2).T).mean(0)
+    var = F.conv2d(x.double(), w.double()).var(dim=(0, 2, 3), unbiased=False)
+    gs_, bs = g.double() * scale, be.double() * scale
+    num, den = (gs_**2 * q / (var + eps)).sum(), (gs_**2 * var / (var + eps) + bs**2).sum()
+    return gs.CONV_TF32_UNIT * gs.U * math.sqrt(float(num / den))
+
+
 @pytest.mark.parametrize("math_", ["fp32", "3xtf32"])
 def test_guard_prediction_follows_its_formula(math_):
     x = kb.variance.smooth_field(0.3, seed=2, n=2, c=3, h=20, w=24)
@@ -188,6 +200,9 @@ def test_guard_prediction_follows_its_formula(math_):
     assert p["predicted"] == pytest.approx(_prediction_by_hand(x, w, math_, g, be, 1e-3, 2.0), rel=1e-6)
     assert p["allowed"] == pytest.approx(math.sqrt(3) * gs.U * math.sqrt(27))
     assert p["choice"] == ("moments" if p["predicted"] <= p["allowed"] else "inplace")
+    conv = _conv_prediction_by_hand(x, w, g, be, 1e-3, 2.0) if math_ == "3xtf32" else 0.0
+    assert p["predicted_conv"] == pytest.approx(conv, rel=1e-6)
+    assert p["conv"] == (math_ if math.hypot(p["predicted"], conv) <= p["allowed"] else "fp32")
     # defaults: γ = 1, β = 0, ε = 1e-5; the scale then cancels
     assert gs.guard_prediction(x, w, math_)["predicted"] == pytest.approx(
         gs.guard_prediction(x, w, math_, scale=3.0)["predicted"], rel=1e-12)
@@ -203,6 +218,23 @@ def test_guard_prediction_grows_as_the_filter_cancels():
     preds = [gs.guard_prediction(kb.variance.smooth_field(d, 0, n=2, c=8, h=32, w=32), w, "3xtf32")["predicted"]
              for d in (1.0, 0.1, 0.01)]
     assert preds[0] < preds[1] < preds[2]
+
+
+def test_the_convolutions_unit_covers_the_emulated_split():
+    """CONV_TF32_UNIT, the guard's rms error of a 3xTF32 product, is at least 1.5× the split's own emulated on
+    the CPU (1.2–1.3u), leaving room for the accumulation the emulation leaves out; and it is small enough that
+    P73's own data keep the tensor cores, while cancelling products (the definition's class) are sent to FFMA."""
+    rms = gs.split_product_error(n=1 << 18)
+    assert 1.1 <= min(rms.values()) and max(rms.values()) <= 1.4, rms
+    assert gs.CONV_TF32_UNIT >= 1.5 * max(rms.values())
+    x = kb.check.rand((2, 8, 40, 40), seed=0, low=0.0, high=1.0)
+    w = kb.problems.P73_CONV_BN_SCALE.model(seed=0).conv.weight.detach()
+    assert gs.guard_prediction(x, w, "3xtf32")["conv"] == "3xtf32"
+    sign = (torch.arange(72) % 2 * 2 - 1).float().reshape(8, 3, 3)
+    xc = 1 + 1e-3 * kb.check.rand((2, 8, 40, 40), seed=1, low=-1.0, high=1.0)
+    wc = sign * (1 + 1e-3 * kb.check.rand((64, 8, 3, 3), seed=2, low=-1.0, high=1.0))
+    p = gs.guard_prediction(xc, wc, "3xtf32")
+    assert (p["choice"], p["conv"]) == ("moments", "fp32"), p
 
 
 EDGES = [("3xtf32", 0.4, 0.15), ("fp32", 0.3, 0.15)]  # (math, noise δ below the allowance, δ above it)
@@ -265,6 +297,11 @@ def test_chapter_glue_words_and_ratios():
         r["default_predicted"] = e
     glue = gs.chapter_glue({"n": 128, "rows": rows, "u_eff": {"fp32": gs.U, "3xtf32": gs.U / 2}})
     assert glue["nat_e_kept"] == 5e-7 and glue["nat_e_refused"] == 3e-6  # the guard's margins
+    rows[1] |= {"default_math": "3xtf32", "default_conv": "fp32"}  # Sobel kept, its convolution by FFMA
+    glue = gs.chapter_glue({"n": 128, "rows": rows, "u_eff": {"fp32": gs.U, "3xtf32": gs.U / 2}})
+    assert glue["nat_paths"] == ("the moments for P73's init; the moments with the FFMA convolution for Sobel; "
+                                 "the in-place path for Laplacian")
+    assert list(gs.natural_table({"rows": rows})["path"]) == ["moments", "moments, FFMA conv", "inplace"]
     g = gs.guard_glue({}, "3xtf32")
     assert g["g_spread"] == 2.0 and math.isnan(g["g_ill_predicted"])
     assert g["g_allowed"] == pytest.approx(math.sqrt(3 * 72) * gs.U)
@@ -293,7 +330,8 @@ class CpuBinding:
     def conv_bn_scale_guard(self, x, w, b, math_, bn_w=None, bn_b=None, eps=1e-5, scale=1.0):
         sums = self.conv_bn_scale_math(x, math_)
         p = gs.guard_prediction(x, w, sums, bn_w, bn_b, eps, scale)
-        return {"choice": p["choice"], "predicted": p["predicted"], "allowed": p["allowed"], "math": sums}
+        return {"choice": p["choice"], "conv": p["conv"], "predicted": p["predicted"],
+                "predicted_conv": p["predicted_conv"], "allowed": p["allowed"], "math": sums}
 
 
 def test_error_vs_kappa_rows_on_a_cpu_stand_in():
@@ -371,7 +409,8 @@ def cbs_gpu():
 def test_default_on_natural_images_takes_the_moments_for_kaiming_and_sobel(cbs_gpu):
     """The benchmark's batch of natural-image crops: the default call (math "auto") takes the moments for P73's
     own filters, a Sobel and random filters, within twice eager float32's error, and falls back for a Laplacian
-    and a Gabor filter; the kernel's predicted error is the CPU's (float64) within 5 %."""
+    and a Gabor filter; the kernel's predicted errors (the statistics' and the tensor-core convolution's) are the
+    CPU's (float64) within 5 %, and so is its choice of the moments' convolution."""
     sets, x = gs.filter_sets(0), gs.natural_batch(128, 0, device="cuda")
     cases = [gs.Case(f, x, *sets[f], input="natural", filters=f) for f in gs.NATURAL_FILTERS]
     df = gs.error_vs_kappa(cbs_gpu, cases, maths=("auto",), strategies=("auto",), time=False).set_index("filters")
@@ -381,7 +420,24 @@ def test_default_on_natural_images_takes_the_moments_for_kaiming_and_sobel(cbs_g
     cols = ["choice", "rel_err", "eager_rel_err", "guard_predicted", "predicted_cpu"]
     assert df["f32_accurate"].all() and (df["unwritten"] == 0).all(), df[cols]
     assert np.allclose(df["guard_predicted"], df["predicted_cpu"], rtol=0.05), df[cols]
+    assert np.allclose(df["guard_predicted_conv"], df["predicted_conv_cpu"], rtol=0.05), df[cols]
+    assert (df["conv"] == df["conv_predicts"]).all(), df[["conv", "conv_predicts", "guard_predicted_conv"]]
     assert (df["guard_allowed"] == gs.guard_allowance(8)).all()
+
+
+@pytest.mark.gpu
+def test_cancelling_products_keep_the_moments_with_the_ffma_convolution(cbs_gpu):
+    """The definition's cancelling class: statistics well conditioned, products that cancel. The default keeps the
+    moments; where its arithmetic is 3xTF32 the guard predicts the tensor-core convolution's error above the
+    allowance and runs the convolution by FFMA: within twice eager float32's error, where the tensor-core
+    convolution forced is not."""
+    c = gs.cancelling_check(cbs_gpu)
+    assert c["choice"] == "moments" and c["passed"], c
+    if c["math"] == "3xtf32":
+        assert c["conv"] == "fp32" and math.hypot(c["predicted"], c["predicted_conv"]) > c["allowed"], c
+        assert c["moments_3xtf32_rel_err"] > 2 * c["eager_rel_err"], c  # what the guard avoided
+    else:
+        assert c["predicted_conv"] == 0.0 and c["conv"] == "fp32", c
 
 
 @pytest.mark.gpu

@@ -40,6 +40,10 @@ U = 2.0**-24  # float32's unit roundoff
 # (conv_moments.cuh, GuardModel): rel. error ≈ u·√(floor² + (spread·ρ_c)²); tests check the two agree.
 GUARD_MODEL = {"fp32": {"floor": 2.0, "spread": 1.25}, "3xtf32": {"floor": 4.0, "spread": 2.0}}
 GUARD_ALLOWANCE = math.sqrt(3.0)  # √(2² − 1): the statistics' share of twice the library's u·√K
+# A 3xTF32 product's error as a standard deviation in units of u of |w·x|, as the kernel has it (conv_moments.cuh,
+# CONV_TF32_UNIT): ``split_product_error`` emulates the split at 1.2–1.3u rms; 2 leaves a margin for the tensor
+# core's truncating accumulation, which the emulation leaves out.
+CONV_TF32_UNIT = 2.0
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -231,13 +235,21 @@ def guard_allowance(c_in: int) -> float:
 def guard_prediction(x: torch.Tensor, w: torch.Tensor, math_: str, bn_w: torch.Tensor | None = None,
                      bn_b: torch.Tensor | None = None, eps: float = 1e-5, scale: float = 1.0,
                      moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
-    """What the guard of strategy "auto" computes, in float64 on the CPU, for the moments' sums in ``math_``
-    ("fp32" or "3xtf32"): the predicted norm-wise output error of the moments path,
-    E = ½·u·√(Σ_c (γ_c s)²·r_c³·(floor² + spread²·ρ_c²) / Σ_c ((γ_c s)²·r_c + (β_c s)²)), r_c = σ_c²/(σ_c² + ε),
-    the allowance it is compared with, and the choice: {"predicted", "allowed", "choice", "rho": ρ_c}."""
+    """What the guard of strategy "auto" computes, in float64 on the CPU, for the moments path in ``math_``
+    ("fp32" or "3xtf32": the arithmetic of its sums and of its output convolution). The statistics' predicted
+    norm-wise output error, E = ½·u·√(Σ_c (γ_c s)²·r_c³·(floor² + spread²·ρ_c²) / D), r_c = σ_c²/(σ_c² + ε),
+    D = Σ_c ((γ_c s)²·r_c + (β_c s)²); for a 3xTF32 output convolution its own rounding,
+    E_conv = CONV_TF32_UNIT·u·√(Σ_c (γ_c s)²·Q_c/(σ_c² + ε) / D), Q_c = Σ_k w_ck²·E[x_k²] (a product's error
+    scales with |w·x|, so cancelling products err relative to the small output); the allowance; and the choice:
+    the moments while E ≤ allowance, their convolution on ``math_`` while also √(E² + E_conv²) ≤ allowance and by
+    FFMA otherwise (the FFMA convolution errs about as the library's, which the allowance already counts).
+    {"predicted": E, "predicted_conv": E_conv (0 for "fp32"), "allowed", "choice": "moments" | "inplace",
+    "conv": the moments' convolution's arithmetic, "rho": ρ_c}."""
     model = GUARD_MODEL[math_]
     wr, cov, _ = _about_pivot(x, w, "kernel", moments)
+    mean = (moments if moments is not None else patch_moments(x))[0].to(cov.device, torch.float64)
     var = ((wr @ cov) * wr).sum(1).clamp_min(0.0).cpu()
+    q = ((wr**2) @ (torch.diagonal(cov) + mean**2)).cpu()  # Q_c: Σ_k w_ck²·E[x_k²], x about zero as convolved
     r_c = rho(x, w, "kernel", moments)
     c_out = len(var)
     g = (torch.ones(c_out, dtype=torch.float64) if bn_w is None else bn_w.detach().double().cpu()) * scale
@@ -245,9 +257,41 @@ def guard_prediction(x: torch.Tensor, w: torch.Tensor, math_: str, bn_w: torch.T
     r = var / (var + eps)
     terms = torch.where(var > 0, model["floor"] ** 2 + (model["spread"] * r_c) ** 2, model["floor"] ** 2)
     num, den = float((g**2 * r**3 * terms).sum()), float((g**2 * r + be**2).sum())
+    num_conv = float(torch.where(var + eps > 0, g**2 * q / (var + eps), torch.zeros_like(q)).sum())
     e = 0.5 * U * math.sqrt(num / den) if den > 0 else 0.0
+    e_conv = CONV_TF32_UNIT * U * math.sqrt(num_conv / den) if den > 0 and math_ == "3xtf32" else 0.0
     allowed = guard_allowance(w.shape[1])
-    return {"predicted": e, "allowed": allowed, "choice": "moments" if e <= allowed else "inplace", "rho": r_c}
+    conv = math_ if math.hypot(e, e_conv) <= allowed else "fp32"
+    return {"predicted": e, "predicted_conv": e_conv, "allowed": allowed,
+            "choice": "moments" if e <= allowed else "inplace", "conv": conv, "rho": r_c}
+
+
+def split_product_error(n: int = 1 << 20, seed: int = 0) -> dict[str, float]:
+    """The error of one 3xTF32 product w·x as the tensor-core convolution forms it, emulated in float64 on the CPU,
+    relative to |w·x| and in units of u, per operand distribution ("uniform": x in [0, 1), w in [−1, 1); "normal";
+    "lognormal": x = e^z): w split with rounding (hi to the nearest TF32, lo = w − hi rounded again), x with hi
+    rounded and lo kept in float32 but read by the tensor core truncated to TF32 (its 13 low bits dropped), and
+    the product hi·hi + hi·lo + lo·hi with lo·lo dropped, summed exactly. {distribution: rms}; the accumulation's
+    own rounding is left out."""
+    rng = np.random.default_rng(seed)
+
+    def tf32(v, nearest):
+        b = v.astype(np.float32).view(np.uint32)
+        b = (b + np.uint32(0x1000)) if nearest else b  # ties away, as split_fast and cvt.rna
+        return (b & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+    draws = {"uniform": (rng.random(n), rng.uniform(-1.0, 1.0, n)),
+             "normal": (rng.standard_normal(n), rng.standard_normal(n)),
+             "lognormal": (np.exp(rng.standard_normal(n)), rng.standard_normal(n))}
+    out = {}
+    for name, (x, w) in draws.items():
+        x, w = x.astype(np.float32).astype(np.float64), w.astype(np.float32).astype(np.float64)
+        xh, wh = tf32(x, True), tf32(w, True)
+        xl, wl = tf32(x - xh, False), tf32(w - wh, True)
+        exact = w * x
+        err = (wh * xh + wh * xl + wl * xh - exact) / np.abs(exact)
+        out[name] = float(np.sqrt(np.mean(err[np.isfinite(err)] ** 2)) / U)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- measurement
@@ -407,15 +451,18 @@ def error_vs_kappa(mod, cases: Iterable[Case] | Mapping[str, tuple], maths: Sequ
             e_var, e_mean = _channel_errors(eager.bn.running_mean, eager.bn.running_var, mean64, var64)
             out = torch.empty_like(y64, dtype=torch.float32)
             g = ext.conv_bn_scale_guard(x, w, b, "auto", *bn)
-            default = {"default_math": g["math"], "default_choice": g["choice"], "default_predicted": g["predicted"]}
+            default = {"default_math": g["math"], "default_choice": g["choice"], "default_conv": g["conv"],
+                       "default_predicted": g["predicted"], "default_predicted_conv": g["predicted_conv"]}
             if time:
                 default["default_ms"] = _time_auto(ext, model, x, scale, "auto", out, variant=f"{case.name}/auto",
                                                    **timed)
             for math_ in maths:
                 g = ext.conv_bn_scale_guard(x, w, b, math_, *bn)
                 cpu = guard_prediction(x, w, g["math"], *bn[:2], eps=bn[2], scale=scale, moments=moments)
-                guard = {"choice": g["choice"], "guard_predicted": g["predicted"], "guard_allowed": g["allowed"],
-                         "guard_predicts": cpu["choice"], "predicted_cpu": cpu["predicted"]}
+                guard = {"choice": g["choice"], "conv": g["conv"], "guard_predicted": g["predicted"],
+                         "guard_predicted_conv": g["predicted_conv"], "guard_allowed": g["allowed"],
+                         "guard_predicts": cpu["choice"], "conv_predicts": cpu["conv"],
+                         "predicted_cpu": cpu["predicted"], "predicted_conv_cpu": cpu["predicted_conv"]}
                 if time:
                     guard["auto_ms"] = _time_auto(ext, model, x, scale, math_, out,
                                                   variant=f"{case.name}/auto_{math_}", **timed)
@@ -442,6 +489,51 @@ def error_vs_kappa(mod, cases: Iterable[Case] | Mapping[str, tuple], maths: Sequ
                         "eager_var_err_c": e_var.tolist()})
         del y64, out, ref
     return pd.DataFrame(rows)
+
+
+def cancelling_inputs(n: int = 8, size: int = 48, c_in: int = 8, c_out: int = 64, seed: int = 0,
+                      device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, w, b): the book's cancelling input class for a 3×3 convolution — inputs 1 + 10⁻³·u, taps alternating in
+    sign down the filter's C_in·9 inputs (each times 1 + 10⁻³·u), u uniform in [−1, 1) — so each output sums
+    terms of size ≈ 1 to ≈ 10⁻², while the batch statistics are well conditioned (the spread is the inputs')."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def u(*shape):
+        return 2.0 * torch.rand(shape, generator=gen) - 1.0
+
+    sign = (torch.arange(c_in * K * K) % 2 * 2 - 1).float().reshape(c_in, K, K)
+    x, w, b = 1 + 1e-3 * u(n, c_in, size, size), sign * (1 + 1e-3 * u(c_out, c_in, K, K)), 0.1 * u(c_out)
+    return x.to(device), w.to(device), b.to(device)
+
+
+def cancelling_check(mod, scale: float = 2.0, **inputs) -> dict:
+    """Training mode on ``cancelling_inputs`` (γ = 1, β = 0, ε = 1e-5): the guard's choice and predictions (the
+    statistics' E, the tensor-core convolution's E_conv, the allowance), and the output's error against float64
+    for the default call, for the moments with each arithmetic forced (sums and convolution), and for eager
+    float32 PyTorch (TF32 off). ``passed``: the default within twice eager's error. JSON-ready."""
+    from ..harness import check, precision
+
+    ext = getattr(mod, "raw", mod)
+    x, w, b = cancelling_inputs(device="cuda", **inputs)
+
+    def bn(z):
+        return F.batch_norm(z, None, None, None, None, True, 0.0, 1e-5) * scale
+
+    ref = bn(F.conv2d(x.double(), w.double(), b.double()))
+    with precision.tf32(False, False):
+        eager = check.report(bn(F.conv2d(x, w, b)), ref, 1.0)["rel_err"]
+    err = {}
+    for name, strategy, math_ in (("auto", "auto", "auto"), ("moments_3xtf32", "moments", "3xtf32"),
+                                  ("moments_fp32", "moments", "fp32")):
+        if math_ == "3xtf32" and torch.cuda.get_device_capability(x.device)[0] < 8:
+            continue
+        y = ext.conv_bn_scale_train(x, w, b, None, None, None, None, None, 0.1, 1e-5, scale, None, strategy, math_)
+        err[name] = check.report(y, ref, 1.0)["rel_err"]
+    g = ext.conv_bn_scale_guard(x, w, b, "auto", None, None, 1e-5, scale)
+    return {"choice": g["choice"], "conv": g["conv"], "math": g["math"], "predicted": g["predicted"],
+            "predicted_conv": g["predicted_conv"], "allowed": g["allowed"], "eager_rel_err": eager,
+            **{f"{k}_rel_err": v for k, v in err.items()}, "rel_err": err["auto"], "tol": 2.0 * eager,
+            "passed": bool(err["auto"] <= 2.0 * eager)}
 
 
 def implied_u(df, kappa_min: float = 10.0):
@@ -520,12 +612,21 @@ SHORT = {"kaiming_uniform": "P73's init", "sobel_x_one": "Sobel", "laplacian_one
 NATURAL_FILTERS = ("kaiming_uniform", "sobel_x_one", "laplacian_one", "gabor_one", "random_normal")
 
 
+def _path(row: dict) -> str:
+    """A natural-image row's default path in words: "moments", "moments, FFMA conv" (the guard kept the
+    statistics but not the tensor-core convolution) or "inplace"."""
+    p = row.get("default_choice", "")
+    ffma_conv = p == "moments" and row.get("default_math") == "3xtf32" and row.get("default_conv") == "fp32"
+    return "moments, FFMA conv" if ffma_conv else p
+
+
 def natural_table(nat: dict):
     """``chapter_check``'s rows as the chapter shows them: one row per filter set, short column names (a column a
     record does not hold shows as missing)."""
     import pandas as pd
 
-    df = pd.DataFrame(nat["rows"]).set_index("filters").reindex(columns=list(NATURAL_COLUMNS))
+    rows = [{**r, "default_choice": _path(r)} for r in nat["rows"]]
+    df = pd.DataFrame(rows).set_index("filters").reindex(columns=list(NATURAL_COLUMNS))
     return df.rename(columns=NATURAL_COLUMNS).rename(index=lambda f: SHORT.get(f, f))
 
 
@@ -547,6 +648,7 @@ def chapter_check(mod, filters: Sequence[str] = NATURAL_FILTERS, n: int = 128, s
         rows.append({"filters": f, "kappa_pivot_max": d["kappa_pivot_max"], "kappa_max": d["kappa_max"],
                      "rho_pivot_rms": d["rho_pivot_rms"], "default_math": d["default_math"],
                      "default_choice": d["default_choice"], "default_predicted": d["default_predicted"],
+                     "default_conv": d["default_conv"], "default_predicted_conv": d["default_predicted_conv"],
                      "default_allowed": d["guard_allowed"], "default_ms": d["default_ms"],
                      "default_rel_err": d["rel_err"], "default_max_abs_err": d["max_abs_err"],
                      "eager_rel_err": d["eager_rel_err"],
@@ -566,10 +668,10 @@ def chapter_glue(nat: dict) -> dict:
     filter sets, and where it took the moments), worst errors, the guard's allowance, the default call's slowest
     time on each path, and u_eff per math in units of 2⁻²⁴."""
     rows = nat["rows"]
-    by_path = {p: [SHORT.get(r["filters"], r["filters"]) for r in rows if r["default_choice"] == p]
-               for p in ("moments", "inplace")}
-    words = "; ".join(f"{'the moments' if p == 'moments' else 'the in-place path'} for {_listed(names)}"
-                      for p, names in by_path.items() if names)
+    said = {"moments": "the moments", "moments, FFMA conv": "the moments with the FFMA convolution",
+            "inplace": "the in-place path"}
+    by_path = {p: [SHORT.get(r["filters"], r["filters"]) for r in rows if _path(r) == p] for p in said}
+    words = "; ".join(f"{said[p]} for {_listed(names)}" for p, names in by_path.items() if names)
     ratio = {p: max((r["default_rel_err"] / r["eager_rel_err"] for r in rows if p in (None, r["default_choice"])),
                     default=float("nan")) for p in (None, "moments")}
     ms = {p: max((r.get("default_ms", float("nan")) for r in rows if r["default_choice"] == p),
@@ -592,13 +694,15 @@ def chapter_glue(nat: dict) -> dict:
 
 def guard_glue(guard: dict, math_: str) -> dict:
     """The guard's numbers the capstone's prose quotes: its model for the sums in ``math_`` and by FFMA
-    (``GUARD_MODEL``), the allowance at P73's 72 patch values, and from the record (``guard``) the predicted
-    error on the ill-conditioned check and on P73 (missing from a record made before the guard kept them: NaN)."""
+    (``GUARD_MODEL``) and for the tensor-core convolution (``CONV_TF32_UNIT``), the allowance at P73's 72 patch
+    values, and from the record (``guard``) the predicted errors on the ill-conditioned check and on P73 (missing
+    from a record made before the guard kept them: NaN)."""
     nan = float("nan")
     return {"g_floor": GUARD_MODEL[math_]["floor"], "g_spread": GUARD_MODEL[math_]["spread"],
             "g_floor_ffma": GUARD_MODEL["fp32"]["floor"], "g_spread_ffma": GUARD_MODEL["fp32"]["spread"],
             "g_allowed": guard_allowance(8), "g_ill_predicted": guard.get("ill_predicted", nan),
-            "g_p73_predicted": guard.get("p73_predicted", nan)}
+            "g_p73_predicted": guard.get("p73_predicted", nan),
+            "g_p73_predicted_conv": guard.get("p73_predicted_conv", nan), "g_conv_unit": CONV_TF32_UNIT}
 
 
 def natural_check(nat: dict, tol: float) -> dict:
