@@ -346,8 +346,9 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int inplace_math, cudaStream_t stream);
 
 // The guard alone, with the moments' sums in the given arithmetic, for BN's γ, β (null: 1, 0), ε and the scale:
-// once the stream has run, the flag is acc[cbs_guard_offset()]'s first 32-bit word, and the predicted output error
-// and the allowance it was compared with are acc[cbs_guard_prediction_offset()] and the double after it.
+// once the stream has run, the flag is acc[cbs_guard_offset()]'s first 32-bit word (0 the moments, 1 in place, 2
+// the moments with the FFMA convolution), and the statistics' predicted output error, the allowance and the
+// tensor-core convolution's predicted error are acc[cbs_guard_prediction_offset()] and the two doubles after it.
 cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
                                    const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
                                    int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream);
@@ -417,11 +418,18 @@ void cbs_guard_model(int math, double* out);
 // norm-wise error is E = ½·u·√(Σ_c (γ_c s)²·r_c³·(a² + c²ρ_c²) / Σ_c ((γ_c s)²·r_c + (β_c s)²)), r_c the
 // share var_c / (var_c + ε) (ε damps the error). The library's own error on a K-term dot product is about
 // u·√K (K = C_in·9); "float32-accurate" allows twice it, and the folded convolution spends about one of the
-// two in quadrature, so the moments are taken while E ≤ √3·u·√K. The fold kernel already holds Σ, m and w_c:
+// two in quadrature, so the moments are taken while E ≤ √3·u·√K. A 3xTF32 output convolution adds its own
+// rounding, which scales with |w·x| rather than with the output: a split product errs about CONV_TF32_UNIT·u of
+// |w_ck·x_k| at random, so channel c's output errs u·CONV_TF32_UNIT·√Q_c, Q_c = Σ_k w_ck²·E[x_k²], and its
+// normalised output (γ_c s)²·Q_c/(σ_c²+ε) in square — large where the products cancel. While √(E² + E_conv²)
+// stays within the allowance the convolution runs on the tensor cores; otherwise the moments' statistics are
+// kept and the convolution runs by FFMA (flag 2), which errs as the library's. The fold kernel already holds Σ, m
+// and w_c:
 // each block adds its channel's terms in double, the last block to arrive compares and sets a flag in device
-// memory. The launches that follow read the flag and each exits at once unless it selects it: either the
-// running statistics staged by the fold are committed and the folded convolution writes the output (moments),
-// or the in-place strategy runs. No host synchronisation; the running statistics are updated by exactly one path.
+// memory: 0 the moments, 2 the moments with the FFMA convolution, 1 in place. The launches that follow read the
+// flag and each exits at once unless it selects it: either the running statistics staged by the fold are
+// committed and the folded convolution (on the tensor cores, or by FFMA) writes the output, or the in-place
+// strategy runs. No host synchronisation; the running statistics are updated by exactly one path.
 
 #include <cuda_runtime.h>
 
@@ -517,6 +525,14 @@ constexpr GuardModel GUARD_TF32{4.0, 2.0};   // 3xTF32 sums: floor 3.1u measured
 // pairs at the benchmark's batch). "Float32-accurate" allows twice the library's error; our folded convolution
 // errs about as the library's does and adds in quadrature, so the statistics may add √(2² − 1) = √3 times it.
 constexpr double GUARD_ALLOWANCE = 1.7320508075688772;
+// A 3xTF32 product's error as a standard deviation, in units of u of |w·x|: the split emulated on the CPU (hi
+// rounded, the input's lo truncated by the tensor core, lo·lo dropped) errs 1.2–1.3u rms on uniform, normal and
+// log-normal operands; 2 leaves a margin for the tensor core's truncating accumulation, which that leaves out.
+// On the natural images' Sobel filter the moments on the tensor cores measured an output error that bounds it
+// at 1.3u (guard_study.split_product_error, and chapter 7's record).
+constexpr double CONV_TF32_UNIT = 2.0;
+// The guard's flag: the path strategy "auto" takes.
+constexpr unsigned FLAG_MOMENTS = 0u, FLAG_INPLACE = 1u, FLAG_MOMENTS_FFMA_CONV = 2u;
 
 // Main kernel: one tile = one sample × BAND rows × TCOLS columns; a work item (i, group of JG partner channels
 // j) is half a warp, each lane a strip of STRIP columns; 16 items = 256 threads. A lane walks the partner rows ρ
@@ -979,25 +995,27 @@ struct Finalize {
     int64_t* num_batches_tracked;
     float* w_fold;         // out: (C_out, C, 3, 3)
     float* b_fold;         // out: (C_out)
-    unsigned* guard;       // "auto": [0] set to 1 when the predicted error exceeds the allowance; null: no guard
+    unsigned* guard;       // "auto": [0] the path (FLAG_*), set by the last fold block; null: no guard
     double* risk;          // "auto": the workspace's RISK_SLOTS doubles (the prediction); null with guard null
     float* staged;         // "auto": [2·C_out] new running mean, var (moments_commit_kernel); null: in place
     int C_out;
     float momentum;        // < 0: None (cumulative average)
     float eps, scale;
     GuardModel model = GUARD_FFMA;  // the sums' error model (GUARD_TF32 for moments_tc_kernel's)
+    bool tc_conv = false;           // the folded convolution would run on the tensor cores (3xTF32)
 };
 
 // Workspace after the sums: the patch covariance (KMAX² doubles), the patch mean (KMAX), the running-average
 // weight (1), the guard's two counters (one double: the flag, then the in-place path's block arrivals), and the
-// guard's prediction (RISK_*: its two sums over channels, the fold's block arrivals, the predicted error and the
-// allowance it was compared with).
+// guard's prediction (RISK_*: its three sums over channels, the fold's block arrivals, the statistics' predicted
+// error, the allowance it was compared with, and the tensor-core convolution's predicted error).
 constexpr int COV_OFFSET = ACC_DOUBLES;
 constexpr int MEAN_OFFSET = COV_OFFSET + KMAX * KMAX;
 constexpr int FACTOR_OFFSET = MEAN_OFFSET + KMAX;
 constexpr int GUARD_OFFSET = FACTOR_OFFSET + 1;
 constexpr int RISK_OFFSET = GUARD_OFFSET + 1;
-constexpr int RISK_NUM = 0, RISK_DEN = 1, RISK_ARRIVALS = 2, RISK_PREDICTED = 3, RISK_ALLOWED = 4, RISK_SLOTS = 5;
+constexpr int RISK_NUM = 0, RISK_DEN = 1, RISK_CONV = 2, RISK_ARRIVALS = 3, RISK_PREDICTED = 4, RISK_ALLOWED = 5,
+              RISK_PREDICTED_CONV = 6, RISK_SLOTS = 7;
 constexpr int WORKSPACE_DOUBLES = RISK_OFFSET + RISK_SLOTS;
 
 // The allowance the guard compares its predicted output error with, for K = C_in·9 (see GuardModel).
@@ -1034,25 +1052,31 @@ __global__ void __launch_bounds__(128) moments_cov_kernel(MShape s, double* __re
     }
 }
 
-// The guard's part of fold block c (one thread): channel c's terms of the predicted error E (the header's formula;
-// ρ_c² = frob / var², written without dividing by var, which is 0 for a constant channel), added in double; the
-// last block to arrive compares E with the allowance and sets the flag (NaN sets it too). E and the allowance stay
-// in the workspace for inspection.
-__device__ __forceinline__ void guard_channel(const Finalize& f, int K, int c, double var, double frob) {
+// The guard's part of fold block c (one thread): channel c's terms of the predicted errors E and E_conv (the
+// header's formulas; ρ_c² = frob / var², written without dividing by var, which is 0 for a constant channel; q =
+// Q_c), added in double; the last block to arrive compares them with the allowance and sets the flag (NaN: in
+// place). E, the allowance and E_conv stay in the workspace for inspection.
+__device__ __forceinline__ void guard_channel(const Finalize& f, int K, int c, double var, double frob, double q) {
     const double g = (f.gamma ? f.gamma[c] : 1.0) * f.scale, gg = g * g;
     const double be = (f.beta ? f.beta[c] : 0.0) * f.scale;
     const double ve = var + f.eps, r = ve > 0.0 ? var / ve : 0.0, fl = f.model.floor, sp = f.model.spread;
     const double num = ve > 0.0 ? gg * (fl * fl * r * r * r + sp * sp * frob * var / (ve * ve * ve)) : 0.0;
     atomicAdd(f.risk + RISK_NUM, num);
     atomicAdd(f.risk + RISK_DEN, gg * r + be * be);
+    if (f.tc_conv) atomicAdd(f.risk + RISK_CONV, ve > 0.0 ? gg * q / ve : 0.0);
     __threadfence();  // the terms before the arrival
     if (atomicAdd(reinterpret_cast<unsigned*>(f.risk + RISK_ARRIVALS), 1u) != gridDim.x - 1) return;
     __threadfence();
     const double n = atomicAdd(f.risk + RISK_NUM, 0.0), d = atomicAdd(f.risk + RISK_DEN, 0.0);
+    const double nc = atomicAdd(f.risk + RISK_CONV, 0.0);
     const double e = d > 0.0 ? 0.5 * U32 * sqrt(n / d) : 0.0, allowed = guard_allowance(K);
+    const double ec = d > 0.0 && f.tc_conv ? CONV_TF32_UNIT * U32 * sqrt(nc / d) : 0.0;
     f.risk[RISK_PREDICTED] = e;
     f.risk[RISK_ALLOWED] = allowed;
-    if (!(e <= allowed)) *f.guard = 1u;
+    f.risk[RISK_PREDICTED_CONV] = ec;
+    *f.guard = !(e <= allowed)                     ? FLAG_INPLACE
+               : sqrt(e * e + ec * ec) <= allowed ? FLAG_MOMENTS
+                                                  : FLAG_MOMENTS_FFMA_CONV;
 }
 
 // Block c: mean_c = w_c·(m + pivot) + bias_c and var_c = w_cᵀΣw_c in double; the running statistics; the folded
@@ -1064,7 +1088,7 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     __shared__ double cov[KMAX * KMAX];  // 41,472 B: staged with independent loads, not read in a dependent chain
     __shared__ double wc[KMAX];
     __shared__ double mp[KMAX];  // the patch mean of x − p
-    __shared__ double red[3][F_THREADS / 32];
+    __shared__ double red[4][F_THREADS / 32];
     const int K = s.C * K3 * K3, c = blockIdx.x;
     const double M = static_cast<double>(s.N) * (s.H - K3 + 1) * (s.W - K3 + 1);
     for (int v = threadIdx.x; v < K; v += F_THREADS) {
@@ -1075,6 +1099,7 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     __syncthreads();
     // excerpt: guard
     double var = 0.0, mu = 0.0, frob = 0.0;  // w_cᵀΣw_c, the mean, ‖(w_c w_cᵀ) ∘ S‖_F² with S = Σ + m·mᵀ
+    double q = 0.0;                          // Q_c = Σ_v w_v²·E[x_v²]: the products' size, x as convolved
     for (int v = threadIdx.x; v < K; v += F_THREADS) {  // thread v: w_v · Σ_u w_u Σ[u, v]
         double part = 0.0, fpart = 0.0;
         for (int u = 0; u < K; ++u) {
@@ -1084,24 +1109,28 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
         }
         var = fma(wc[v], part, var);
         frob = fma(wc[v] * wc[v], fpart, frob);
-        mu = fma(wc[v], mp[v] + pivot(x, s, v / 9), mu);  // E[x] = E[x − pivot] + pivot
+        const double ex = mp[v] + pivot(x, s, v / 9);  // E[x] = E[x − pivot] + pivot
+        mu = fma(wc[v], ex, mu);
+        q = fma(wc[v] * wc[v], fma(ex, ex, cov[v * K + v]), q);  // E[x²] = Σ[v, v] + E[x]²
     }
     for (int o = 16; o > 0; o >>= 1) {
         var += __shfl_xor_sync(0xffffffffu, var, o);
         mu += __shfl_xor_sync(0xffffffffu, mu, o);
         frob += __shfl_xor_sync(0xffffffffu, frob, o);
+        q += __shfl_xor_sync(0xffffffffu, q, o);
     }
     if (threadIdx.x % 32 == 0) {
         red[0][threadIdx.x / 32] = var;
         red[1][threadIdx.x / 32] = mu;
         red[2][threadIdx.x / 32] = frob;
+        red[3][threadIdx.x / 32] = q;
     }
     __syncthreads();
-    var = 0.0; mu = 0.0; frob = 0.0;
+    var = 0.0; mu = 0.0; frob = 0.0; q = 0.0;
 #pragma unroll
-    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; frob += red[2][k]; }
+    for (int k = 0; k < F_THREADS / 32; ++k) { var += red[0][k]; mu += red[1][k]; frob += red[2][k]; q += red[3][k]; }
     var = var > 0.0 ? var : 0.0;  // rounding can leave a tiny negative for a constant output
-    if (f.guard && threadIdx.x == 0) guard_channel(f, K, c, var, frob);
+    if (f.guard && threadIdx.x == 0) guard_channel(f, K, c, var, frob, q);
     // end excerpt: guard
     const double bias = f.bias ? f.bias[c] : 0.0;
     mu += bias;
@@ -1128,12 +1157,12 @@ __global__ void __launch_bounds__(F_THREADS) moments_fold_kernel(const float* __
     }
 }
 
-// "auto", after the fold: when the guard chose the moments (flag 0), the staged running statistics become the
+// "auto", after the fold: when the guard chose the moments (flag 0 or 2), the staged running statistics become the
 // running statistics and the batch is counted; otherwise the in-place path updates them. One block.
 constexpr int C_THREADS = 256;
 
 __global__ void __launch_bounds__(C_THREADS) moments_commit_kernel(Finalize f) {
-    if (*f.guard != 0u) return;
+    if (*f.guard == FLAG_INPLACE) return;
     for (int c = threadIdx.x; c < f.C_out; c += C_THREADS) {
         f.running_mean[c] = f.staged[c];
         f.running_var[c] = f.staged[f.C_out + c];
@@ -2089,11 +2118,11 @@ void cbs_config(int* out) {
 
 namespace cbs {
 
-// Eval mode: y = conv(x, w) + b, by FFMA or on the tensor cores (math); with a guard, only when *guard == 0
-// ("auto" chose the moments).
+// Eval mode: y = conv(x, w) + b, by FFMA or on the tensor cores (math); with a guard, only when *guard == run_if
+// ("auto" chose the moments with this convolution: cbm::FLAG_MOMENTS or FLAG_MOMENTS_FFMA_CONV).
 cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                 int C_out, const unsigned* guard, int math, cudaStream_t stream) {
-    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 0u, stream);
+                 int C_out, const unsigned* guard, int math, cudaStream_t stream, unsigned run_if = cbm::FLAG_MOMENTS) {
+    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, run_if, stream);
     if (math != kCbsFp32) return cudaErrorInvalidValue;
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles == 0) return cudaSuccess;
@@ -2106,7 +2135,7 @@ cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64
     if (err != cudaSuccess) return err;
     Stats st{};
     st.guard = guard;
-    st.run_if = 0u;
+    st.run_if = run_if;
     return launch<false>(x, w, b, y, s, st, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
 }
 
@@ -2280,8 +2309,10 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
 }
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles); the
-// guard's flag and its prediction in the workspace, and its model for the sums' arithmetic: {u, floor, spread,
-// allowance factor} (the allowance for C_in input channels is factor·u·√(C_in·9)).
+// guard's flag and its prediction in the workspace (the statistics' predicted error, the allowance and the
+// tensor-core convolution's predicted error, consecutive), and its model for the sums' arithmetic: {u, floor,
+// spread, allowance factor, the convolution's unit} (the allowance for C_in input channels is
+// factor·u·√(C_in·9)).
 int cbs_moments_max_channels() { return cbm::CI_MAX; }
 int64_t cbs_moments_workspace() { return cbm::WORKSPACE_DOUBLES; }
 int64_t cbs_guard_offset() { return cbm::GUARD_OFFSET; }
@@ -2292,6 +2323,7 @@ void cbs_guard_model(int math, double* out) {
     out[1] = m.floor;
     out[2] = m.spread;
     out[3] = cbm::GUARD_ALLOWANCE;
+    out[4] = cbm::CONV_TF32_UNIT;
 }
 
 // Training mode from the input's moments (conv_moments.cuh): statistics, running statistics and the folded
@@ -2310,9 +2342,10 @@ cudaError_t launch_cbs_train_moments(const float* x, const float* w, const float
     return cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, nullptr, math, stream);
 }
 
-// "auto" (C_in ≤ 8): the moments' statistics and fold with the guard, then both strategies' launches, each
-// gated by the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. math: the moments' sums
-// and their convolution; inplace_math: the in-place path's convolution. Workspaces: those of
+// "auto" (C_in ≤ 8): the moments' statistics and fold with the guard, then every path's launches, each gated by
+// the flag the fold kernel wrote (conv_moments.cuh): no host synchronisation. math: the moments' sums and their
+// convolution (with math 3xTF32, the FFMA convolution where the guard predicts that the tensor cores' would
+// cost the output its accuracy); inplace_math: the in-place path's convolution. Workspaces: those of
 // both strategies (the in-place path's arrivals counter lives in acc, zeroed by the cov kernel), and staged
 // [2·C_out] floats when the running statistics are tracked.
 cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b, float* y, const float* gamma,
@@ -2327,8 +2360,9 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
         return cudaErrorInvalidValue;
     // excerpt: auto
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);  // [0] flag, [1] arrivals
-    const cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
-                          guard, acc + cbm::RISK_OFFSET, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
+    cbm::Finalize f{w, b, gamma, beta, running_mean, running_var, num_batches_tracked, w_fold, b_fold,
+                    guard, acc + cbm::RISK_OFFSET, running_mean ? staged : nullptr, C_out, momentum, eps, scale};
+    f.tc_conv = math == kCbs3xTf32;
     cudaError_t err = cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
     if (err != cudaSuccess) return err;
     if (running_mean) {
@@ -2337,6 +2371,9 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
         if (err != cudaSuccess) return err;
     }
     err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, math, stream);  // flag 0
+    if (err == cudaSuccess && f.tc_conv)  // flag 2
+        err = cbs::eval(x, w_fold, b_fold, y, N, C_in, H, W, C_out, guard, kCbsFp32, stream,
+                        cbm::FLAG_MOMENTS_FFMA_CONV);
     if (err != cudaSuccess) return err;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab,
                               partial, slots, guard + 1, N, C_in, H, W, C_out, momentum, eps, scale, guard,
@@ -2346,14 +2383,16 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
 
 // The guard alone, for inspection: the moments' statistics with the guard on x, w and BN's γ, β, ε and the scale
 // (nothing else written but the workspaces); once the stream has run, the flag is acc[cbs_guard_offset()]'s first
-// 32-bit word and the predicted error and its allowance are acc[cbs_guard_prediction_offset()] and the next double.
+// 32-bit word (cbm::FLAG_*), and the statistics' predicted error, its allowance and the tensor-core convolution's
+// predicted error are acc[cbs_guard_prediction_offset()] and the next two doubles.
 cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
                                    const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
                                    int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream) {
     if (!cbs::moments_ok(N, C_in, H, W)) return cudaErrorInvalidValue;
     unsigned* guard = reinterpret_cast<unsigned*>(acc + cbm::GUARD_OFFSET);
-    const cbm::Finalize f{w, b, gamma, beta, nullptr, nullptr, nullptr, w_fold, b_fold, guard, acc + cbm::RISK_OFFSET,
-                          nullptr, C_out, -1.f, eps, scale};
+    cbm::Finalize f{w, b, gamma, beta, nullptr, nullptr, nullptr, w_fold, b_fold, guard, acc + cbm::RISK_OFFSET,
+                    nullptr, C_out, -1.f, eps, scale};
+    f.tc_conv = math == kCbs3xTf32;
     return cbs::moments_fold(x, acc, f, N, C_in, H, W, math, stream);
 }
 '''
@@ -2436,8 +2475,9 @@ cudaError_t launch_cbs_train_auto(const float* x, const float* w, const float* b
                                   int inplace_math, cudaStream_t stream);
 
 // The guard alone, with the moments' sums in the given arithmetic, for BN's γ, β (null: 1, 0), ε and the scale:
-// once the stream has run, the flag is acc[cbs_guard_offset()]'s first 32-bit word, and the predicted output error
-// and the allowance it was compared with are acc[cbs_guard_prediction_offset()] and the double after it.
+// once the stream has run, the flag is acc[cbs_guard_offset()]'s first 32-bit word (0 the moments, 1 in place, 2
+// the moments with the FFMA convolution), and the statistics' predicted output error, the allowance and the
+// tensor-core convolution's predicted error are acc[cbs_guard_prediction_offset()] and the two doubles after it.
 cudaError_t launch_cbs_guard_probe(const float* x, const float* w, const float* b, const float* gamma,
                                    const float* beta, double* acc, float* w_fold, float* b_fold, int64_t N, int C_in,
                                    int H, int W, int C_out, float eps, float scale, int math, cudaStream_t stream);
@@ -2850,10 +2890,12 @@ torch::Tensor conv_bn_scale_train(const torch::Tensor& x, const torch::Tensor& c
 }
 
 // The guard of strategy="auto" on x, conv_w and BN's γ, β (None: 1, 0), ε and the scale, with the moments' sums in
-// the arithmetic `math` resolves to: {"choice": "moments" | "inplace", "predicted": the moments path's predicted
-// norm-wise output error, "allowed": what it is compared with, "math": the sums' arithmetic}. Runs the statistics
-// and the guard, then one host synchronisation to read them: for inspection and tests; the training call itself
-// never waits. C_in > 8: the in-place path, nothing predicted (NaN).
+// the arithmetic `math` resolves to: {"choice": "moments" | "inplace", "conv": the moments path's convolution's
+// arithmetic ("fp32" where the guard predicts that the tensor cores' would cost the output its accuracy),
+// "predicted": the statistics' predicted norm-wise output error, "predicted_conv": the tensor-core convolution's
+// (0 when the moments' convolution is FFMA), "allowed": what they are compared with, "math": the sums'
+// arithmetic}. Runs the statistics and the guard, then one host synchronisation to read them: for inspection and
+// tests; the training call itself never waits. C_in > 8: the in-place path, nothing predicted (NaN).
 static pybind11::dict run_guard(const char* op, const torch::Tensor& x, const torch::Tensor& conv_w,
                                 const std::optional<torch::Tensor>& conv_b, const std::string& math,
                                 const std::optional<torch::Tensor>& bn_w,
@@ -2864,7 +2906,9 @@ static pybind11::dict run_guard(const char* op, const torch::Tensor& x, const to
     out["math"] = math_name(m);
     if (x.size(1) > cbs_moments_max_channels()) {
         out["choice"] = "inplace";
+        out["conv"] = math_name(m);
         out["predicted"] = std::nan("");
+        out["predicted_conv"] = std::nan("");
         out["allowed"] = std::nan("");
         return out;
     }
@@ -2886,11 +2930,13 @@ static pybind11::dict run_guard(const char* op, const torch::Tensor& x, const to
                                             static_cast<float>(eps), static_cast<float>(scale), m, stream),
                      op);
     const int64_t p = cbs_guard_prediction_offset();
-    const torch::Tensor pred = acc.slice(0, p, p + 2).cpu();
+    const torch::Tensor pred = acc.slice(0, p, p + 3).cpu();
     const int flag = acc.slice(0, cbs_guard_offset(), cbs_guard_offset() + 1).view(torch::kInt32)[0].item<int>();
-    out["choice"] = flag != 0 ? "inplace" : "moments";
+    out["choice"] = flag == 1 ? "inplace" : "moments";
+    out["conv"] = flag == 2 ? "fp32" : math_name(m);
     out["predicted"] = pred[0].item<double>();
     out["allowed"] = pred[1].item<double>();
+    out["predicted_conv"] = pred[2].item<double>();
     return out;
 }
 
@@ -2914,13 +2960,14 @@ std::string conv_bn_scale_auto_choice(const torch::Tensor& x, const torch::Tenso
 pybind11::dict guard_model(const std::string& math) {
     KB_CHECK(math == "fp32" || math == "3xtf32", "guard_model", ": math must be 'fp32' or '3xtf32', got '", math,
              "'");
-    double v[4];
+    double v[5];
     cbs_guard_model(math == "3xtf32" ? kCbs3xTf32 : kCbsFp32, v);
     pybind11::dict out;
     out["u"] = v[0];
     out["floor"] = v[1];
     out["spread"] = v[2];
     out["allowance"] = v[3];
+    out["conv_unit"] = v[4];
     return out;
 }
 
@@ -2959,9 +3006,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "FP32, tc_rates.h, and C_in <= 8; in eval mode, which has no guard against cancelling products, FFMA)",
           arg("x"), arg("math") = "auto", arg("mode") = "train");
     m.def("conv_bn_scale_guard", &conv_bn_scale_guard,
-          "The guard of strategy='auto' on this batch, filter and BatchNorm: {'choice', 'predicted' (the moments "
-          "path's predicted norm-wise output error), 'allowed' (the float32 allowance it is compared with), 'math' "
-          "(the moments' sums' arithmetic)} (synchronises: for inspection)",
+          "The guard of strategy='auto' on this batch, filter and BatchNorm: {'choice', 'conv' (the moments "
+          "path's convolution's arithmetic), 'predicted' (the statistics' predicted norm-wise output error), "
+          "'predicted_conv' (the tensor-core convolution's), 'allowed' (the float32 allowance they are compared "
+          "with), 'math' (the moments' sums' arithmetic)} (synchronises: for inspection)",
           arg("x"), arg("conv_w"), arg("conv_b") = pybind11::none(), arg("math") = "auto",
           arg("bn_w") = pybind11::none(), arg("bn_b") = pybind11::none(), arg("eps") = 1e-5, arg("scale") = 1.0);
     m.def("conv_bn_scale_auto_choice", &conv_bn_scale_auto_choice,
@@ -2971,8 +3019,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           arg("bn_w") = pybind11::none(), arg("bn_b") = pybind11::none(), arg("eps") = 1e-5, arg("scale") = 1.0);
     m.def("guard_model", &guard_model,
           "The guard's error model for the moments' sums in `math` ('fp32' or '3xtf32'): {'u', 'floor', 'spread', "
-          "'allowance'}; the variance of a channel errs by about u*sqrt(floor^2 + (spread*rho)^2), and the moments "
-          "are taken while the predicted output error is at most allowance*u*sqrt(C_in*9)",
+          "'allowance', 'conv_unit'}; the variance of a channel errs by about u*sqrt(floor^2 + (spread*rho)^2), "
+          "the moments are taken while the predicted output error is at most allowance*u*sqrt(C_in*9), and their "
+          "convolution stays on the tensor cores while that with its own error (a product errs about conv_unit*u "
+          "of |w*x|) is too",
           arg("math"));
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");
