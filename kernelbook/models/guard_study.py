@@ -541,10 +541,12 @@ def cancelling_check(mod, scale: float = 2.0, **inputs) -> dict:
 
 
 def cancelling_glue(cc: dict) -> dict:
-    """The numbers the capstone quotes from ``cancelling_check``'s record (``cc``), as cc_<key> (NaN where the GPU
-    had no tensor cores to force)."""
+    """The numbers the capstone quotes from ``cancelling_check``'s record (``cc``), as cc_<key>, and the errors'
+    ratios to eager float32's (NaN where the GPU had no tensor cores to force)."""
+    nan = float("nan")
     keys = ("predicted", "predicted_conv", "allowed", "auto_rel_err", "moments_3xtf32_rel_err", "eager_rel_err")
-    return {f"cc_{k}": cc.get(k, float("nan")) for k in keys}
+    return {**{f"cc_{k}": cc.get(k, nan) for k in keys}, "cc_ratio_auto": cc["auto_rel_err"] / cc["eager_rel_err"],
+            "cc_ratio_tc": cc.get("moments_3xtf32_rel_err", nan) / cc["eager_rel_err"]}
 
 
 def implied_u(df, kappa_min: float = 10.0):
