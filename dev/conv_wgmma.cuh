@@ -8,22 +8,26 @@
 //   * A, the filter: per tap and plane (hi, lo) [half h: channels 4h … 4h+3][64 output channels][4 floats], so a
 //     core matrix (8 rows × 16 bytes) is 8 output channels × 4 inputs: LBO (the next 4 inputs) 1,024 bytes, SBO
 //     (the next 8 channels) 128 bytes;
-//   * B, the input: per stage and plane [h][4 input rows][PIX pixels][4 floats]: a core matrix is 8 neighbouring
-//     pixels × 4 channels, LBO the plane's half (4 rows of PIX pixels), SBO 128 bytes. Tap (kh, kw) of output row
-//     r starts at row r + kh, pixel kw: a shift of the descriptor's start address by 16 bytes per pixel — the
-//     window needs no copy and no im2col.
+//   * B, the input: per stage and plane [h][3 input rows][PIX pixels][4 floats]: a core matrix is 8 neighbouring
+//     pixels × 4 channels, LBO the plane's half (3 rows of PIX pixels), SBO 128 bytes. Tap (kh, kw) starts at row
+//     kh, pixel kw: a shift of the descriptor's start address by 16 bytes per pixel — the window needs no copy
+//     and no im2col.
 // Each value is split once, when it is staged (hi = x rounded to TF32, lo = x − hi), so the taps spend no
 // instruction on loads or splits.
 //
-// A block (one per SM, persistent over the tiles of one 64-channel block) has three warpgroups:
-//   * a producer (warpgroup 0): loads a tile's 4 input rows × 130 pixels × 8 channels from global memory,
-//     splits them and writes the hi and lo planes into a ring of STAGES stages, then arrives on the stage's
-//     `full` barrier (after a proxy fence: wgmma reads shared memory through the async proxy);
-//   * two consumers (warpgroups 1, 2): output rows oh0 and oh0 + 1 of the tile. Per tap three wgmma.m64n128k8
-//     (lo·hi, hi·lo, hi·hi: the small terms first) into a fresh accumulator, then a rounded FADD into the running
-//     sum (as conv_tf32.cuh does with mma.sync: chaining all 27 products inside the tensor core erred 10× more);
-//     TAPS_IN_FLIGHT = 2 keeps the next tap's products running while the last one is added. After the taps the
-//     stage is released (`empty` barrier) and the row is stored, while the other consumer computes.
+// A tile is one output row × 128 pixels × 64 channels. A block (one per SM, persistent over the tiles of one
+// 64-channel block) has three warpgroups:
+//   * a producer (warpgroup 0): loads a tile's 3 input rows × 130 pixels × 8 channels from global memory (all of
+//     a thread's loads in flight at once), splits them and writes the hi and lo planes into a ring of STAGES
+//     stages, then arrives on the stage's `full` barrier (after a proxy fence: wgmma reads shared memory through
+//     the async proxy);
+//   * two consumers (warpgroups 1, 2), taking the block's tiles in turn (stages 2k + c feed consumer c). Per tap
+//     three wgmma.m64n128k8 (lo·hi, hi·lo, hi·hi: the small terms first) into a fresh accumulator, then a rounded
+//     FADD into the running sum (as conv_tf32.cuh does with mma.sync: chaining all 27 products inside the tensor
+//     core erred 10× more); TAPS_IN_FLIGHT = 2 keeps the next tap's products running while the last one is added.
+//     After the taps the stage is released (`empty` barrier) and the row is stored — through shared memory, in
+//     coalesced 8-byte stores (SMEM_EPILOGUE) — while the other consumer computes.
+// The macros select the variants measured in notes/wgmma.md (session 18); DIAG_* builds give wrong results.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -44,6 +48,9 @@
 #endif
 #ifndef KB_CBW_DIAG_NOLOAD  // diagnostic: the producer stages zeros, loading nothing (wrong results)
 #define KB_CBW_DIAG_NOLOAD 0
+#endif
+#ifndef KB_CBW_DIAG_NOSTORE  // diagnostic: the products only, no epilogue (y is not written)
+#define KB_CBW_DIAG_NOSTORE 0
 #endif
 #ifndef KB_CBW_SMEM_EPILOGUE  // 1: the row goes through shared memory and out in coalesced 8-byte stores
 #define KB_CBW_SMEM_EPILOGUE 1
@@ -328,6 +335,10 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - cw) : "memory");
 #endif
         mbar_arrive(bars + 8 * (STAGES + st));  // the stage is free for the producer
+        if (KB_CBW_DIAG_NOSTORE) {
+            if (acc[0] == 1234.5f) y[0] = acc[1];  // keeps the products alive
+            continue;
+        }
         float* yrow = y + (n * s.C_out + co0) * oplane + static_cast<int64_t>(oh) * s.WO;
         const bool pairs = s.y_even;
 #if KB_CBW_SMEM_EPILOGUE

@@ -5,7 +5,8 @@
     python dev/conv_wgmma.py --variants 1:1,2:1 --build-only
 
 Each variant (taps in flight 1 or 2 : epilogue through shared memory 1 or direct 0 : ping-pong 0/1 : taps chained
-per FADD 1 or 3) is built with torch's cpp_extension for sm_90a. Errors are norm-wise against
+per FADD 1 or 3 [: d, the producer loads nothing | s, no epilogue: diagnostics]) is built with torch's
+cpp_extension for sm_90a. Errors are norm-wise against
 float64, beside cuDNN float32's (TF32 off) and the book's mma.sync 3xTF32 path (conv_bn_scale_eval, math="3xtf32").
 """
 
@@ -28,12 +29,14 @@ import kernelbook as kb  # noqa: E402
 
 def build(variant: str):
     taps, smem, pp, chain, *diag = variant.split(":")
+    diag = "".join(diag)
     return load(name=f"cbw_dev_{variant.replace(':', '_')}", sources=[str(ROOT / "dev" / "conv_wgmma_ext.cu")],
                 extra_include_paths=[str(ROOT / "dev"), str(ROOT / "kernels")],
                 extra_cuda_cflags=["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
                                    f"-DKB_CBW_TAPS_IN_FLIGHT={taps}", f"-DKB_CBW_SMEM_EPILOGUE={smem}",
                                    f"-DKB_CBW_PINGPONG={pp}", f"-DKB_CBW_CHAIN={chain}",
-                                   f"-DKB_CBW_DIAG_NOLOAD={int(bool(diag))}"], verbose=False)
+                                   f"-DKB_CBW_DIAG_NOLOAD={int('d' in diag)}",
+                                   f"-DKB_CBW_DIAG_NOSTORE={int('s' in diag)}"], verbose=False)
 
 
 def err(y, ref):
