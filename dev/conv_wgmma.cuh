@@ -49,6 +49,9 @@
 #ifndef KB_CBW_DIAG_NOLOAD  // diagnostic: the producer stages zeros, loading nothing (wrong results)
 #define KB_CBW_DIAG_NOLOAD 0
 #endif
+#ifndef KB_CBW_NSPLIT  // 2: each tap as two independent m64n64k8 chains (pixels 0–63, 64–127), interleaved
+#define KB_CBW_NSPLIT 1
+#endif
 #ifndef KB_CBW_DIAG_NOSTORE  // diagnostic: the products only, no epilogue (y is not written)
 #define KB_CBW_DIAG_NOSTORE 0
 #endif
@@ -149,6 +152,17 @@ __device__ __forceinline__ void mma(float (&d)[64], uint64_t da, uint64_t db, in
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
+// d[64×64] (+)= a[64×8] · b[8×64]: the same product on half the pixels (d holds 32 floats per thread, the first
+// half of the m64n128 layout: pixel 8j + 2·(t%4) (+1), j = 0…7).
+__device__ __forceinline__ void mma64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " CBW_R10(1) ", " CBW_R10(2) ", %30, %31}, %32, %33, p, 1, 1;\n}\n"
+        : CBW_D8(0), CBW_D8(8), CBW_D8(16), CBW_D8(24)
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
 // x = hi + lo: hi the nearest TF32 (ties away), lo the exact remainder (the tensor core reads its top 19 bits).
 __device__ __forceinline__ void split(float x, float& hi, float& lo) {
     hi = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
@@ -220,6 +234,24 @@ __device__ __forceinline__ void issue_tap(float (&d)[64], uint32_t stage, uint32
     mma(d, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
     mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
     if (commit) wg_commit();
+}
+
+// One tap's three products on each half of the pixels, from zero: the two chains interleaved, so that consecutive
+// wgmmas do not wait on each other's accumulator.
+__device__ __forceinline__ void issue_tap_halves(float (&da)[32], float (&db)[32], uint32_t stage, uint32_t filt,
+                                                 int tap) {
+    const int kh = tap / K3, kw = tap % K3;
+    const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
+    const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
+    constexpr uint32_t H1 = 64 * 16;  // pixel 64
+    wg_fence();
+    mma64(da, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), 0);
+    mma64(db, desc(a_lo, 1024, 128), desc(b_hi + H1, HALF_BYTES, 128), 0);
+    mma64(da, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
+    mma64(db, desc(a_hi, 1024, 128), desc(b_lo + H1, HALF_BYTES, 128), 1);
+    mma64(da, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
+    mma64(db, desc(a_hi, 1024, 128), desc(b_hi + H1, HALF_BYTES, 128), 1);
+    wg_commit();
 }
 
 __device__ __forceinline__ void add_into(float (&acc)[64], float (&t)[64]) {
@@ -310,6 +342,17 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             }
             wg_wait<0>();
             add_into(acc, d0);  // tap 8
+#elif KB_CBW_NSPLIT == 2
+            float da[32], db[32];
+#pragma unroll
+            for (int tap = 0; tap < K3 * K3; ++tap) {
+                issue_tap_halves(da, db, stage, filt, tap);
+                wg_wait<0>();
+                fence_regs(da);
+                fence_regs(db);
+#pragma unroll
+                for (int i = 0; i < 32; ++i) acc[i] += da[i], acc[32 + i] += db[i];
+            }
 #elif KB_CBW_CHAIN == 3
             float d0[64];
 #pragma unroll
