@@ -49,6 +49,9 @@
 #ifndef KB_CBW_DIAG_NOLOAD  // diagnostic: the producer stages zeros, loading nothing (wrong results)
 #define KB_CBW_DIAG_NOLOAD 0
 #endif
+#ifndef KB_CBW_BULK_STORE  // 1 (with SMEM_EPILOGUE): each channel row's aligned middle in one bulk copy
+#define KB_CBW_BULK_STORE 0
+#endif
 #ifndef KB_CBW_NSPLIT  // 2: each tap as two independent m64n64k8 chains (pixels 0–63, 64–127), interleaved
 #define KB_CBW_NSPLIT 1
 #endif
@@ -383,8 +386,55 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             continue;
         }
         float* yrow = y + (n * s.C_out + co0) * oplane + static_cast<int64_t>(oh) * s.WO;
+#if KB_CBW_SMEM_EPILOGUE && KB_CBW_BULK_STORE
+        // Channel co's row starts m floats past a 16-byte boundary: its aligned middle (the body) goes out in one
+        // bulk copy (cp.async.bulk, the copy engine) from shared memory, where pixel px sits at index px + m so that
+        // the body is 16-byte aligned there too; the ragged head and tail (≤ 3 floats each) are stored directly.
+        // Lane 0 of each warp issues its warp's 16 channels' copies, and waits for them to have read the buffer
+        // before the next row is written into it.
+        float* out = reinterpret_cast<float*>(sm + OUT_OFF + cw * OUT_BYTES);
+        const int valid = min(TILE_W, s.WO - ow0);
+        if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int co = r0 + 8 * e;
+            if (co0 + co >= s.C_out) continue;
+            float* yc = yrow + co * oplane + ow0;
+            const int m = static_cast<int>((reinterpret_cast<uintptr_t>(yc) >> 2) & 3);
+            const int head = (4 - m) & 3, end = head + max(0, (valid - head) & ~3);
+            float* orow = out + co * OUT_PITCH + m;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    const int px = 8 * j + c0 + q;
+                    const float v = acc[4 * j + 2 * e + q];
+                    if (px >= valid) continue;
+                    if (px >= head && px < end)
+                        orow[px] = v;
+                    else
+                        yc[px] = v;
+                }
+        }
+        fence_proxy_async();  // the buffer's writes, visible to the copy engine
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+        if (lane == 0) {
+            for (int k = 0; k < 16; ++k) {
+                const int co = 16 * warp + k;
+                if (co0 + co >= s.C_out) break;
+                float* yc = yrow + co * oplane + ow0;
+                const int m = static_cast<int>((reinterpret_cast<uintptr_t>(yc) >> 2) & 3);
+                const int head = (4 - m) & 3, body = max(0, (valid - head) & ~3);
+                if (body == 0) continue;
+                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(yc + head),
+                             "r"(smem_u32(out + co * OUT_PITCH + m + head)), "r"(4 * body)
+                             : "memory");
+            }
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+#elif KB_CBW_SMEM_EPILOGUE
         const bool pairs = s.y_even;
-#if KB_CBW_SMEM_EPILOGUE
         // The row into shared memory ([channel][pixel], conflict-free float2 writes), then out by channel rows:
         // a warp writes 32 neighbouring pairs of one channel (256 contiguous bytes) per store.
         float* out = reinterpret_cast<float*>(sm + OUT_OFF + cw * OUT_BYTES);
@@ -410,6 +460,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
         }
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");  // before the next row overwrites it
 #else
+        const bool pairs = s.y_even;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int co = r0 + 8 * e;
@@ -429,6 +480,9 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
         }
 #endif
     }
+#if KB_CBW_SMEM_EPILOGUE && KB_CBW_BULK_STORE
+    if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // every copy done before exit
+#endif
 #endif  // KB_CBW
 }
 

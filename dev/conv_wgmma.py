@@ -5,9 +5,10 @@
     python dev/conv_wgmma.py --variants 1:1,2:1 --build-only
 
 Each variant (taps in flight 1 or 2 : epilogue through shared memory 1 or direct 0 : ping-pong 0/1 : taps chained
-per FADD 1 or 3 [: flags — h, each tap as two m64n64 chains; d, the producer loads nothing; s, no epilogue (d and
-s are diagnostics)]) is built with torch's cpp_extension for sm_90a. Errors are norm-wise against
-float64, beside cuDNN float32's (TF32 off) and the book's mma.sync 3xTF32 path (conv_bn_scale_eval, math="3xtf32").
+per FADD 1 or 3 [: flags — h, each tap as two m64n64 chains; b, bulk copies of the rows' aligned middles; d, the
+producer loads nothing; s, no epilogue (d and s are diagnostics)]) is built with torch's cpp_extension for
+sm_90a. Errors are norm-wise against float64, beside cuDNN float32's (TF32 off) and the book's mma.sync 3xTF32
+path (conv_bn_scale_eval, math="3xtf32").
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def build(variant: str):
                                    f"-DKB_CBW_PINGPONG={pp}", f"-DKB_CBW_CHAIN={chain}",
                                    f"-DKB_CBW_DIAG_NOLOAD={int('d' in diag)}",
                                    f"-DKB_CBW_DIAG_NOSTORE={int('s' in diag)}",
-                                   f"-DKB_CBW_NSPLIT={2 if 'h' in diag else 1}"], verbose=False)
+                                   f"-DKB_CBW_NSPLIT={2 if 'h' in diag else 1}",
+                                   f"-DKB_CBW_BULK_STORE={int('b' in diag)}"], verbose=False)
 
 
 def err(y, ref):
@@ -96,7 +98,7 @@ def timings(mods, cbs):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
-    ap.add_argument("--variants", default="1:1:0:1,1:1:0:1:h,1:1:0:1:s,1:1:0:1:hs")
+    ap.add_argument("--variants", default="1:1:0:1,1:1:0:1:h,1:1:0:1:b,1:1:0:1:hb,1:1:0:1:s,1:1:0:1:hs")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="only two launches on P73, for Nsight Compute")
     args = ap.parse_args()
