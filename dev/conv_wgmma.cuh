@@ -1,6 +1,10 @@
 // conv_wgmma.cuh — P73's 3×3 convolution on Hopper's warpgroup MMA (wgmma), float32-accurate through the 3xTF32
-// split: y = conv(x, w) + b, NCHW float32, stride 1, no padding, C_in ≤ 8. Work in progress (dev/): not yet
-// included by conv_bn_scale.cu; dev/conv_wgmma.py checks and times it.
+// split: y = conv(x, w) + b, NCHW float32, stride 1, no padding, C_in ≤ 8. Included by conv_bn_scale.cu, which
+// runs it where the binary was built for sm_90a and the GPU is sm_90 (cbw::available), conv_tf32.cuh's mma.sync
+// kernel elsewhere. The wgmma code exists only in an sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); other targets
+// compile an empty kernel, which is never launched.
+// [dev/: built by dev/conv_wgmma.py; moved to kernels/ by dev/wgmma_integration.patch's landing — see
+// notes/wgmma.md. Drop this paragraph then.]
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
 // channels] · X(tap)[8 channels × 128 pixels], the tap's window of the staged input shifted by (kh, kw). On wgmma
@@ -63,6 +67,13 @@
 #endif
 
 namespace cbw {
+
+__device__ int g_built =
+#ifdef KB_CBW
+    1;
+#else
+    0;
+#endif
 
 constexpr int K3 = 3;
 constexpr int CI = 8;               // input channels (the wgmma's depth)
@@ -492,7 +503,27 @@ inline int64_t tiles_per_cb(int64_t N, int H, int W) {
     return N * ((ho + ROWS - 1) / ROWS) * ((wo + TILE_W - 1) / TILE_W);
 }
 
-// y = conv(x, w) + b through wgmma; C_in ≤ 8, an sm_90 GPU and an sm_90a build (the caller checks).
+// Whether the current GPU runs this kernel: an sm_90 GPU, and the binary loaded for it built for sm_90a (asked of
+// the device code once per device).
+static cudaError_t available(bool* out) {
+    static int cache[64] = {};  // 0 not asked, 1 no, 2 yes
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    int& c = cache[device % 64];
+    if (c == 0) {
+        int major = 0, minor = 0, built = 0;
+        err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+        if (err == cudaSuccess && major == 9 && minor == 0) err = cudaMemcpyFromSymbol(&built, g_built, sizeof(int));
+        if (err != cudaSuccess) return err;
+        c = built ? 2 : 1;
+    }
+    *out = c == 2;
+    return cudaSuccess;
+}
+
+// y = conv(x, w) + b through wgmma; C_in ≤ 8, an sm_90 GPU and an sm_90a build (the caller checks: available).
 static cudaError_t conv(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
                         int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream) {
     const int64_t per_cb = tiles_per_cb(N, H, W);
