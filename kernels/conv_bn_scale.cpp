@@ -317,6 +317,17 @@ std::string conv_bn_scale_math(const torch::Tensor& x, const std::string& math, 
     return math_name(resolve_math(op, math, x, mode == "eval"));
 }
 
+// The tensor-core convolution's instruction on x's GPU: "wgmma" (an sm_90a build on an sm_90 GPU) or "mma.sync";
+// mma_sync = true forces mma.sync from now on (for comparisons: the outputs are bitwise the same), false lets the
+// GPU's default choose again. Returns the instruction the next 3xTF32 convolution uses.
+std::string conv_bn_scale_tc_instruction(const torch::Tensor& x, std::optional<bool> mma_sync) {
+    constexpr const char* op = "conv_bn_scale_tc_instruction";
+    kb::check_tensor(x, op, "x");
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int r = cbs_tc_instruction(mma_sync ? (*mma_sync ? 1 : 0) : -1);
+    KB_CHECK(r >= 0, op, ": could not ask the GPU which tensor-core kernel it runs");
+    return (r & 1) ? "wgmma" : "mma.sync";
+}
 // The compile-time configuration: rows per thread, channels per thread, channel groups, warp rows, minimum
 // blocks per SM, cp.async staging, dynamic shared memory bytes (eval, train).
 std::vector<int64_t> conv_bn_scale_config() {
@@ -360,6 +371,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "convolution stays on the tensor cores while that with its own error (a product errs about conv_unit*u "
           "of |w*x|) is too",
           arg("math"));
+    m.def("conv_bn_scale_tc_instruction", &conv_bn_scale_tc_instruction,
+          "The 3xTF32 convolution's instruction on x's GPU: 'wgmma' (sm_90a build, sm_90 GPU) or 'mma.sync'; "
+          "mma_sync=True forces mma.sync (bitwise the same output), False restores the default",
+          arg("x"), arg("mma_sync") = pybind11::none());
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");
 }

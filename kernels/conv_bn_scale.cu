@@ -1,7 +1,8 @@
 // conv_bn_scale.cu — P73 (Conv2d 3×3 → BatchNorm2d → ·s) fused, in training and eval mode. NCHW float32,
 // stride 1, no padding. The convolution below is plain FFMA (no TF32); the eval mode and the moments strategy
-// can instead write their output with the 3xTF32 tensor-core convolution of conv_tf32.cuh (argument math),
-// which is float32-accurate too, and the moments strategy then also forms its sums on the tensor cores.
+// can instead write their output with a 3xTF32 tensor-core convolution (argument math) — Hopper's warpgroup MMA
+// (conv_wgmma.cuh) where it runs, mma.sync (conv_tf32.cuh) elsewhere, with the same arithmetic and results —
+// and the moments strategy then also forms its sums on the tensor cores.
 //
 // One direct-convolution kernel, compiled twice (template kStats):
 //   eval  (kStats = false): y = conv(x, W') + b' with W', b' folded from the eval-mode BN and s
@@ -37,7 +38,8 @@
 #include "bn_stats.cuh"      // chapter 1's finalize, running-statistics update, apply map and grid (shared)
 #include "conv_bn_scale.h"
 #include "conv_moments.cuh"  // training statistics from the input's moments
-#include "conv_tf32.cuh"     // the 3xTF32 tensor-core convolution
+#include "conv_tf32.cuh"     // the 3xTF32 tensor-core convolution by mma.sync (sm_80+)
+#include "conv_wgmma.cuh"    // the same by wgmma (sm_90a)
 #include "welford.cuh"
 
 #ifndef KB_CBS_RPT
@@ -676,11 +678,32 @@ void cbs_config(int* out) {
 
 namespace cbs {
 
+// The tensor-core convolution's instruction: wgmma where cbw::available, unless mma.sync is asked for
+// (cbs_set_tc_mma_sync: for comparisons; both give bitwise the same output).
+static int g_tc_mma_sync = 0;
+
+cudaError_t tc_uses_wgmma(bool* out) {
+    if (g_tc_mma_sync) {
+        *out = false;
+        return cudaSuccess;
+    }
+    return cbw::available(out);
+}
+
+cudaError_t tc_conv(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
+                    int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream) {
+    bool wgmma = false;
+    const cudaError_t err = tc_uses_wgmma(&wgmma);
+    if (err != cudaSuccess) return err;
+    return wgmma ? cbw::conv(x, w, b, y, N, C_in, H, W, C_out, guard, run_if, stream)
+                 : cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, run_if, stream);
+}
+
 // Eval mode: y = conv(x, w) + b, by FFMA or on the tensor cores (math); with a guard, only when *guard == run_if
 // ("auto" chose the moments with this convolution: cbm::FLAG_MOMENTS or FLAG_MOMENTS_FFMA_CONV).
 cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
                  int C_out, const unsigned* guard, int math, cudaStream_t stream, unsigned run_if = cbm::FLAG_MOMENTS) {
-    if (math == kCbs3xTf32) return cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, run_if, stream);
+    if (math == kCbs3xTf32) return tc_conv(x, w, b, y, N, C_in, H, W, C_out, guard, run_if, stream);
     if (math != kCbsFp32) return cudaErrorInvalidValue;
     const int64_t tiles = cbs_tiles(N, H, W, C_out);
     if (tiles == 0) return cudaSuccess;
@@ -755,7 +778,7 @@ cudaError_t train_inplace(const float* x, const float* w, const float* b, float*
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     if (math == kCbs3xTf32) {
-        err = cbt::conv(x, w, b, y, N, C_in, H, W, C_out, guard, 1u, stream);
+        err = tc_conv(x, w, b, y, N, C_in, H, W, C_out, guard, 1u, stream);
         if (err != cudaSuccess) return err;
         // parts per channel: ≈ 2,048 blocks in all, at most the slots the caller allocated, at least 1
         const int64_t want = (2048 + C_out - 1) / C_out, parts = want < slots ? want : slots;
@@ -864,6 +887,17 @@ cudaError_t launch_cbs_train(const float* x, const float* w, const float* b, flo
         return cudaErrorInvalidValue;
     return cbs::train_inplace(x, w, b, y, gamma, beta, running_mean, running_var, num_batches_tracked, mab, partial,
                               slots, arrivals, N, C_in, H, W, C_out, momentum, eps, scale, nullptr, math, stream);
+}
+
+// The tensor-core convolution's instruction on the current GPU: 1 wgmma, 0 mma.sync (-1 on an error); with
+// mma_sync ≥ 0, first set whether mma.sync is forced (1) or not (0). Returns the setting before the call in
+// bit 1 (2 when mma.sync was forced).
+int cbs_tc_instruction(int mma_sync) {
+    const int before = cbs::g_tc_mma_sync;
+    if (mma_sync >= 0) cbs::g_tc_mma_sync = mma_sync != 0;
+    bool wgmma = false;
+    if (cbs::tc_uses_wgmma(&wgmma) != cudaSuccess) return -1;
+    return (wgmma ? 1 : 0) | (before ? 2 : 0);
 }
 
 // The moments strategy's limits: C_in ≤ 8 (the main kernel's accumulators) and its workspace (doubles); the

@@ -66,6 +66,11 @@ int64_t cbs_tiles(int64_t N, int H, int W, int C_out);
 cudaError_t cbs_train_slots(int64_t N, int C_in, int H, int W, int C_out, int64_t* slots);
 // The compile-time configuration: RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes (eval, train).
 void cbs_config(int* out);
+
+// The tensor-core convolution's instruction on the current GPU: bit 0 set for wgmma (an sm_90a build on an sm_90
+// GPU), clear for mma.sync; -1 on an error. mma_sync ≥ 0 first sets whether mma.sync is forced (for comparisons:
+// the two give bitwise the same output); bit 1 of the result says whether it was forced before the call.
+int cbs_tc_instruction(int mma_sync);
 // The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
 // prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:
 // "auto" takes the moments while ½·u·√(Σ_c (γ_c s)²·(floor² + spread²·ρ_c²)/Σ_c (γ_c s)²) ≤ factor·u·√(C_in·9)

@@ -51,6 +51,39 @@ def _ext():
     return _EXT
 '''
 
+# The loader for sources with Hopper-only code (they test __CUDA_ARCH_FEAT_SM90_ALL): on an sm_90 GPU it builds
+# for sm_90a, as the book does (kernelbook/harness/build.py), so that the wgmma path exists; elsewhere as LOADER.
+LOADER_SM90A = LOADER.replace('''        digest = hashlib.sha256((CUDA_SRC + CPP_SRC).encode()).hexdigest()[:12]
+        _EXT = load_inline(
+            name=f"{prefix}_{{digest}}",
+            cpp_sources=[CPP_SRC],
+            cuda_sources=[CUDA_SRC],
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3"],  # no --use_fast_math: division and sqrt stay IEEE
+            no_implicit_headers=True,
+        )
+''', '''        sm90a = torch.cuda.get_device_capability() == (9, 0)  # wgmma, setmaxnreg: the sm_90a target
+        digest = hashlib.sha256((CUDA_SRC + CPP_SRC + str(sm90a)).encode()).hexdigest()[:12]
+        saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        if sm90a:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
+        try:
+            _EXT = load_inline(
+                name=f"{prefix}_{{digest}}",
+                cpp_sources=[CPP_SRC],
+                cuda_sources=[CUDA_SRC],
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3"],  # no --use_fast_math: division and sqrt stay IEEE
+                no_implicit_headers=True,
+            )
+        finally:
+            if sm90a and saved is None:
+                del os.environ["TORCH_CUDA_ARCH_LIST"]
+            elif sm90a:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = saved
+''')
+assert LOADER_SM90A != LOADER
+
 AUTOGRAD_NOTE = """\
 Autograd: the module runs in any grad mode, as a drop-in replacement must (KernelBench times it with autograd on
 and every parameter requiring grad). Under torch.no_grad() the kernel is called directly; with autograd
@@ -93,6 +126,7 @@ The statistics are summed with double atomics: results are not bitwise reproduci
 import contextlib
 import functools
 import hashlib
+import os
 
 import torch
 import torch.nn as nn
@@ -197,7 +231,9 @@ def _source(name: str) -> str:
 def generate() -> dict[Path, str]:
     """{solution path: its text}."""
     def loader(name: str, prefix: str) -> str:
-        return LOADER.format(cuda=_source(f"{name}.cu"), cpp=_source(f"{name}.cpp"), prefix=prefix)
+        cuda = _source(f"{name}.cu")
+        template = LOADER_SM90A if "__CUDA_ARCH_FEAT_SM90_ALL" in cuda else LOADER
+        return template.format(cuda=cuda, cpp=_source(f"{name}.cpp"), prefix=prefix)
 
     auto = autograd_source()
     p73 = P73_TEMPLATE.format(loader=loader("conv_bn_scale", "p73_conv_bn_scale"), autograd=auto,

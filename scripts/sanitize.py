@@ -162,6 +162,17 @@ def conv_bn_scale() -> None:
             mod.conv_bn_scale_eval(x, c.weight, c.bias, out, math=math)
             check.assert_close(out, F.conv2d(x.double(), c.weight.double(), c.bias.double()), 1e-5,
                                what=f"cbs eval {shape} ({math})")
+    # The tensor-core convolution by mma.sync too where wgmma is the default (sm_90): the shapes above again.
+    if mod.conv_bn_scale_tc_instruction(x) == "wgmma":
+        mod.conv_bn_scale_tc_instruction(x, mma_sync=True)
+        try:
+            for n, c_in, h, w, c_out in [(2, 8, 6, 140, 70), (1, 3, 7, 97, 16)]:
+                xs = check.rand((n, c_in, h, w), seed=c_in, device="cuda")
+                wt = check.rand((c_out, c_in, 3, 3), seed=1, device="cuda", low=-0.5, high=0.5)
+                check.assert_close(mod.conv_bn_scale_eval(xs, wt, None, math="3xtf32"),
+                                   F.conv2d(xs.double(), wt.double()), 1e-5, what=f"cbs eval mma.sync {n, c_in, h, w}")
+        finally:
+            mod.conv_bn_scale_tc_instruction(x, mma_sync=False)
     # The moments' sums on both paths: x misaligned (scalar staging), two row tiles and two column tiles; and the
     # in-place strategy on the tensor cores (its statistics in a pass over y).
     for strategy, math in (("moments", "fp32"), ("moments", "3xtf32"), ("inplace", "3xtf32")):

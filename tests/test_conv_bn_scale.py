@@ -502,3 +502,45 @@ def test_phases_bound_takes_each_phase_at_its_rate():
     same = kb.training.phases_bound_ms(ph, (6e13, 6e13), bw)
     assert same == pytest.approx(kb.roofline.phased_bound_ms(ph, 6e13, bw))
     assert kb.training.phases_bound_ms(ph, (6e13, 1e14), bw) < same
+
+
+# (N, C_in, H, W, C_out, x offset, out offset): P73's channels, odd widths and heights, two and three channel
+# blocks, two and three column tiles, a one-output image, misaligned input and output.
+TC_SHAPES = [(2, 3, 34, 34, 64, 0, 0), (2, 8, 33, 97, 64, 0, 1), (3, 5, 20, 150, 100, 0, 0), (1, 1, 3, 3, 1, 0, 0),
+             (2, 8, 9, 131, 7, 1, 3), (1, 3, 40, 262, 130, 3, 0)]
+
+
+@pytest.mark.gpu
+def test_wgmma_and_mma_sync_give_the_same_convolution(cbs):
+    """On an sm_90 GPU the 3xTF32 convolution runs on wgmma (conv_wgmma.cuh), elsewhere on mma.sync; forced onto
+    mma.sync there it gives bitwise the same eval-mode output (the same products, joined in the same order), and
+    training mode's strategies agree to float32 rounding (their statistics use atomics: not bitwise)."""
+    x0 = torch.zeros(1, 1, 3, 3, device="cuda")
+    default = cbs.conv_bn_scale_tc_instruction(x0)
+    if torch.cuda.get_device_capability() != (9, 0):
+        assert default == "mma.sync"
+        pytest.skip("wgmma needs an sm_90 GPU")
+    assert default == "wgmma"
+    for n, c, h, w, k, xo, yo in TC_SHAPES:
+        x = check.rand([n * c * h * w + xo], seed=k, device="cuda")[xo:].view(n, c, h, w)
+        wt = check.rand((k, c, 3, 3), seed=1, device="cuda", low=-0.5, high=0.5)
+        b = check.rand((k,), seed=2, device="cuda")
+        shape = (n, k, h - 2, w - 2)
+        runs = {}
+        for forced in (False, True):
+            assert cbs.conv_bn_scale_tc_instruction(x, mma_sync=forced) == ("mma.sync" if forced else "wgmma")
+            try:
+                y = check.poisoned([torch.Size(shape).numel() + yo], device="cuda")[yo:].view(shape)
+                cbs.conv_bn_scale_eval(x, wt, b, y, math="3xtf32")
+                trains = [cbs.conv_bn_scale_train(x, wt, b, None, None, None, None, None, 0.1, 1e-5, SCALE,
+                                                  strategy=s, math="3xtf32") for s in ("moments", "inplace")
+                          if n * (h - 2) * (w - 2) > 1]  # training mode needs two values per channel
+                runs[forced] = (y, *trains)
+            finally:
+                cbs.conv_bn_scale_tc_instruction(x, mma_sync=False)
+        (ew, *tw), (em, *tm) = runs[False], runs[True]
+        assert torch.equal(ew, em), (shape, (ew - em).abs().max().item())
+        assert torch.isfinite(ew).all(), shape  # every output written
+        for a, m in zip(tw, tm, strict=True):
+            check.assert_close(a, m.double(), 1e-6, what=f"training {shape}")
+    assert cbs.conv_bn_scale_tc_instruction(x0) == "wgmma"  # the default restored

@@ -518,7 +518,20 @@ PATH_NCU_METRICS = [*NCU_METRICS[:3], "sm__pipe_fma_cycles_active.avg.pct_of_pea
                    "sm__inst_executed_pipe_tensor_op_hmma.sum", "smsp__inst_executed.sum",
                    *(STALL.format(s) for s in STALLS)]
 
-# The script Nsight Compute runs: each path once on P73, inside its NVTX range.
+def on_mma_sync(ext, x, fn):
+    """``fn()`` with conv_bn_scale's tensor-core convolution forced onto ``mma.sync`` for the call (on an sm_90
+    GPU it runs on ``wgmma``; the two give the same output bits): for comparisons."""
+    ext = getattr(ext, "raw", ext)
+    ext.conv_bn_scale_tc_instruction(x, mma_sync=True)
+    try:
+        return fn()
+    finally:
+        ext.conv_bn_scale_tc_instruction(x, mma_sync=False)
+
+
+# The script Nsight Compute runs: each path once on P73, inside its NVTX range (on sm_90 the tensor-core
+# convolution runs on wgmma, and again forced onto mma.sync).
+P73_NCU_PATHS = ["ours_eval_tc", "ours_eval_tc_mma", "ours_eval"]
 P73_NCU_TARGET = """
 import torch, kernelbook as kb
 torch.set_grad_enabled(False)  # nothing here needs a gradient
@@ -526,12 +539,25 @@ p73 = kb.problems.P73_CONV_BN_SCALE
 mod, m = kb.build.load("conv_bn_scale"), p73.model(seed=0).cuda().eval()
 x = p73.inputs(seed=1, device="cuda")
 w, b = kb.folding.fold(m.conv, m.bn, 2.0)
-for variant, math in (("ours_eval_tc", "3xtf32"), ("ours_eval", "auto")):  # auto: FFMA in eval mode
-    mod.conv_bn_scale_eval(x, w, b, math=math)  # the first launch (opt-in, first touch) stays outside
+eval_tc = lambda: mod.conv_bn_scale_eval(x, w, b, math="3xtf32")
+paths = {"ours_eval_tc": eval_tc, "ours_eval_tc_mma": lambda: kb.tensorcore.on_mma_sync(mod, x, eval_tc),
+         "ours_eval": lambda: mod.conv_bn_scale_eval(x, w, b, math="auto")}  # auto: FFMA in eval mode
+for variant, fn in paths.items():
+    fn()  # the first launch (opt-in, first touch) stays outside
     with kb.timing.nvtx_range("07_capstone_conv_bn_scale", variant):
-        mod.conv_bn_scale_eval(x, w, b, math=math)
+        fn()
 torch.cuda.synchronize()
 """
+
+# What keeps P73's tensor-core convolution from its floor, by the instruction it issues (read from its counters on
+# the H200: chapter 7's Profile).
+P73_HELD_BY = {
+    "wgmma": "the consumers' own instructions between the tensor core's steps — each tap's 64 additions and a "
+             "share of the last row's stores, issued by two warps per scheduler (one block of three warpgroups "
+             "per SM: a producer and two consumers)",
+    "mma.sync": "latency: too few warps resident (two blocks of 8 warps per SM; at 128 registers per thread no "
+                "more fit) to cover the waits on dependent results",
+}
 
 
 def path_counters(rows: list[dict], order_by: str):

@@ -1,10 +1,8 @@
 // conv_wgmma.cuh — P73's 3×3 convolution on Hopper's warpgroup MMA (wgmma), float32-accurate through the 3xTF32
 // split: y = conv(x, w) + b, NCHW float32, stride 1, no padding, C_in ≤ 8. Included by conv_bn_scale.cu, which
 // runs it where the binary was built for sm_90a and the GPU is sm_90 (cbw::available), conv_tf32.cuh's mma.sync
-// kernel elsewhere. The wgmma code exists only in an sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); other targets
-// compile an empty kernel, which is never launched.
-// [dev/: built by dev/conv_wgmma.py; moved to kernels/ by dev/wgmma_integration.patch's landing — see
-// notes/wgmma.md. Drop this paragraph then.]
+// kernel elsewhere: the same arithmetic, so the two give the same bits. The wgmma code exists only in an sm_90a
+// build (__CUDA_ARCH_FEAT_SM90_ALL); other targets compile an empty kernel, which is never launched.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
 // channels] · X(tap)[8 channels × 128 pixels], the tap's window of the staged input shifted by (kh, kw). On wgmma
@@ -27,11 +25,11 @@
 //     the async proxy);
 //   * two consumers (warpgroups 1, 2), taking the block's tiles in turn (stages 2k + c feed consumer c). Per tap
 //     three wgmma.m64n128k8 (lo·hi, hi·lo, hi·hi: the small terms first) into a fresh accumulator, then a rounded
-//     FADD into the running sum (as conv_tf32.cuh does with mma.sync: chaining all 27 products inside the tensor
-//     core erred 10× more); TAPS_IN_FLIGHT = 2 keeps the next tap's products running while the last one is added.
-//     After the taps the stage is released (`empty` barrier) and the row is stored — through shared memory, in
-//     coalesced 8-byte stores (SMEM_EPILOGUE) — while the other consumer computes.
-// The macros select the variants measured in notes/wgmma.md (session 18); DIAG_* builds give wrong results.
+//     FADD into the running sum (as conv_tf32.cuh does with mma.sync: chaining the taps inside the tensor core
+//     erred up to 10× more). After the taps the stage is released (`empty` barrier) and the row is written into
+//     shared memory; its global stores (coalesced, 256 bytes per warp store) are issued during the next tile's
+//     taps, while the tensor core works, in eight parts. (Tap 0 issues none: a store there made the compiler
+//     wait for that tap's products before its third wgmma.)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -39,31 +37,6 @@
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KB_CBW 1
-#endif
-
-#ifndef KB_CBW_TAPS_IN_FLIGHT
-#define KB_CBW_TAPS_IN_FLIGHT 1
-#endif
-#ifndef KB_CBW_PINGPONG  // 1: the consumers take turns at the products (one stores while the other multiplies)
-#define KB_CBW_PINGPONG 0
-#endif
-#ifndef KB_CBW_CHAIN  // taps chained inside the tensor core before their sum joins the accumulator: 1 or 3
-#define KB_CBW_CHAIN 1
-#endif
-#ifndef KB_CBW_DIAG_NOLOAD  // diagnostic: the producer stages zeros, loading nothing (wrong results)
-#define KB_CBW_DIAG_NOLOAD 0
-#endif
-#ifndef KB_CBW_BULK_STORE  // 1 (with SMEM_EPILOGUE): each channel row's aligned middle in one bulk copy
-#define KB_CBW_BULK_STORE 0
-#endif
-#ifndef KB_CBW_NSPLIT  // 2: each tap as two independent m64n64k8 chains (pixels 0–63, 64–127), interleaved
-#define KB_CBW_NSPLIT 1
-#endif
-#ifndef KB_CBW_DIAG_NOSTORE  // diagnostic: the products only, no epilogue (y is not written)
-#define KB_CBW_DIAG_NOSTORE 0
-#endif
-#ifndef KB_CBW_SMEM_EPILOGUE  // 1: the row goes through shared memory and out in coalesced 8-byte stores
-#define KB_CBW_SMEM_EPILOGUE 1
 #endif
 
 namespace cbw {
@@ -94,7 +67,7 @@ constexpr int FILTER_OFF = STAGES * STAGE_BYTES;     // 101,376
 constexpr int BIAS_OFF = FILTER_OFF + 2 * FILTER_PLANE;
 constexpr int OUT_PITCH = TILE_W + 8;              // 136 ≡ 8 (mod 32): a half-warp's 4 rows hit 32 banks
 constexpr int OUT_OFF = BIAS_OFF + CO_B * 4;         // per consumer: the row's 64 channels × 128 pixels
-constexpr int OUT_BYTES = KB_CBW_SMEM_EPILOGUE ? CO_B * OUT_PITCH * 4 : 0;
+constexpr int OUT_BYTES = CO_B * OUT_PITCH * 4;
 constexpr int BAR_OFF = OUT_OFF + 2 * OUT_BYTES;
 constexpr int SMEM_BYTES = BAR_OFF + 2 * STAGES * 8;
 static_assert(HALF_BYTES % 16 == 0 && BAR_OFF % 8 == 0, "descriptor and barrier alignment");
@@ -114,7 +87,9 @@ __device__ __forceinline__ void tile_coords(int tile, const Shape& s, int64_t& n
 }
 
 #ifdef KB_CBW
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -166,17 +141,6 @@ __device__ __forceinline__ void mma(float (&d)[64], uint64_t da, uint64_t db, in
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
-// d[64×64] (+)= a[64×8] · b[8×64]: the same product on half the pixels (d holds 32 floats per thread, the first
-// half of the m64n128 layout: pixel 8j + 2·(t%4) (+1), j = 0…7).
-__device__ __forceinline__ void mma64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " CBW_R10(1) ", " CBW_R10(2) ", %30, %31}, %32, %33, p, 1, 1;\n}\n"
-        : CBW_D8(0), CBW_D8(8), CBW_D8(16), CBW_D8(24)
-        : "l"(da), "l"(db), "r"(accumulate));
-}
-
 // x = hi + lo: hi the nearest TF32 (ties away), lo the exact remainder (the tensor core reads its top 19 bits).
 __device__ __forceinline__ void split(float x, float& hi, float& lo) {
     hi = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
@@ -184,8 +148,8 @@ __device__ __forceinline__ void split(float x, float& hi, float& lo) {
 }
 
 // The filter of channels co0 … co0+63 (zeros past C_out and C_in), split, and their bias: by all 384 threads.
-__device__ __forceinline__ void stage_filter(unsigned char* sm, const float* __restrict__ w, const float* __restrict__ b,
-                                             const Shape& s, int co0) {
+__device__ __forceinline__ void stage_filter(unsigned char* sm, const float* __restrict__ w,
+                                             const float* __restrict__ b, const Shape& s, int co0) {
     float* f_hi = reinterpret_cast<float*>(sm + FILTER_OFF);
     float* f_lo = reinterpret_cast<float*>(sm + FILTER_OFF + FILTER_PLANE);
     float* bias = reinterpret_cast<float*>(sm + BIAS_OFF);
@@ -199,28 +163,32 @@ __device__ __forceinline__ void stage_filter(unsigned char* sm, const float* __r
         f_hi[i] = hi;
         f_lo[i] = lo;
     }
-    if (threadIdx.x < CO_B) bias[threadIdx.x] = b != nullptr && co0 + threadIdx.x < s.C_out ? b[co0 + threadIdx.x] : 0.f;
+    if (threadIdx.x < CO_B)
+        bias[threadIdx.x] = b != nullptr && co0 + threadIdx.x < s.C_out ? b[co0 + threadIdx.x] : 0.f;
 }
 
-// The producer warpgroup's part for one tile: input rows oh0 … oh0+3, pixels ow0 … ow0+129 of all 8 channels, split,
-// into stage `st`; zeros outside the image and for channels ≥ C_in. Thread item = (h, row, pixel): 4 loads (one
-// per channel, coalesced along the pixels), one 16-byte store per plane (conflict-free).
-__device__ __forceinline__ void stage_input(unsigned char* st, const float* __restrict__ x, const Shape& s, int64_t n,
-                                            int oh0, int ow0, int t) {
+// The producer warpgroup's part for one tile: input rows oh0 … oh0+2, pixels ow0 … ow0+129 of all 8 channels,
+// split, into stage `st`; zeros outside the image and for channels ≥ C_in. Thread item = (h, row, pixel): 4 loads
+// (one per channel, coalesced along the pixels), one 16-byte store per plane (conflict-free).
+constexpr int ITEMS = 2 * IN_ROWS * IN_W, PER = (ITEMS + 127) / 128;
+
+__device__ __forceinline__ void load_input(float (&v)[PER][4], const float* __restrict__ x, const Shape& s, int64_t n,
+                                           int oh0, int ow0, int t) {
     const int64_t plane = static_cast<int64_t>(s.H) * s.W;
     const float* xn = x + n * s.C_in * plane;
-    constexpr int ITEMS = 2 * IN_ROWS * IN_W, PER = (ITEMS + 127) / 128;
-    float v[PER][4];
 #pragma unroll
     for (int k = 0; k < PER; ++k) {  // every load of the tile in flight at once
         const int item = t + 128 * k;
         const int h = item / (IN_ROWS * IN_W), row = item / IN_W % IN_ROWS, px = item % IN_W;
         const int ih = oh0 + row, iw = ow0 + px;
-        const bool in = item < ITEMS && ih < s.H && iw < s.W && !KB_CBW_DIAG_NOLOAD;
+        const bool in = item < ITEMS && ih < s.H && iw < s.W;
         const float* p = xn + (4 * h) * plane + static_cast<int64_t>(ih) * s.W + iw;
 #pragma unroll
         for (int c = 0; c < 4; ++c) v[k][c] = in && 4 * h + c < s.C_in ? __ldg(p + c * plane) : 0.f;
     }
+}
+
+__device__ __forceinline__ void write_input(unsigned char* st, const float (&v)[PER][4], int t) {
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
         const int item = t + 128 * k;
@@ -237,35 +205,50 @@ __device__ __forceinline__ void stage_input(unsigned char* st, const float* __re
     }
 }
 
-// One tap's three products into d (from zero when fresh); commit closes the group.
-__device__ __forceinline__ void issue_tap(float (&d)[64], uint32_t stage, uint32_t filt, int tap, bool fresh = true,
-                                          bool commit = true) {
+// One tap's three products into d, from zero, as one committed group.
+__device__ __forceinline__ void issue_tap(float (&d)[64], uint32_t stage, uint32_t filt, int tap) {
     const int kh = tap / K3, kw = tap % K3;
     const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
     const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
-    if (fresh) wg_fence();
-    mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), fresh ? 0 : 1);
+    wg_fence();
+    mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), 0);
     mma(d, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
     mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
-    if (commit) wg_commit();
+    wg_commit();
 }
 
-// One tap's three products on each half of the pixels, from zero: the two chains interleaved, so that consecutive
-// wgmmas do not wait on each other's accumulator.
-__device__ __forceinline__ void issue_tap_halves(float (&da)[32], float (&db)[32], uint32_t stage, uint32_t filt,
-                                                 int tap) {
-    const int kh = tap / K3, kw = tap % K3;
-    const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
-    const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
-    constexpr uint32_t H1 = 64 * 16;  // pixel 64
-    wg_fence();
-    mma64(da, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), 0);
-    mma64(db, desc(a_lo, 1024, 128), desc(b_hi + H1, HALF_BYTES, 128), 0);
-    mma64(da, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
-    mma64(db, desc(a_hi, 1024, 128), desc(b_lo + H1, HALF_BYTES, 128), 1);
-    mma64(da, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
-    mma64(db, desc(a_hi, 1024, 128), desc(b_hi + H1, HALF_BYTES, 128), 1);
-    wg_commit();
+// A row staged in shared memory, stored during the next tile's taps: thread t writes pixels px = 2·(t % 64), +1
+// of channels 2k + t / 64 (a warp: 32 neighbouring pairs of one channel, 256 contiguous bytes per store).
+struct Pending {
+    float* y;         // this thread's first output (channel t / 64, pixel px); null: nothing to store
+    const float* o;   // the same value in the shared-memory row
+    int64_t step;     // two channel planes
+    int rows;         // k < rows: channel 2k + t / 64 exists
+    bool pair;        // both pixels valid and y 8-byte aligned there: one float2 store
+    bool second;      // pixel px + 1 valid
+};
+__device__ __forceinline__ Pending pending_row(float* yrow, const float* out, int valid, int channels, int64_t oplane,
+                                               bool pairs, int t) {
+    const int px = 2 * (t % 64), c = t / 64;
+    if (px >= valid) return Pending{nullptr, nullptr, 0, 0, false, false};
+    return Pending{yrow + c * oplane + px, out + c * OUT_PITCH + px, 2 * oplane, (channels - c + 1) / 2,
+                   pairs && px + 1 < valid, px + 1 < valid};
+}
+// Part `part` (of 8): k = 4·part … 4·part + 3.
+__device__ __forceinline__ void store_part(const Pending& p, int part) {
+    if (p.y == nullptr) return;
+#pragma unroll
+    for (int k = 4 * part; k < 4 * part + 4; ++k) {
+        if (k >= p.rows) return;
+        const float2 v = *reinterpret_cast<const float2*>(p.o + k * 2 * OUT_PITCH);
+        float* yc = p.y + k * p.step;
+        if (p.pair) {
+            *reinterpret_cast<float2*>(yc) = v;
+        } else {
+            yc[0] = v.x;
+            if (p.second) yc[1] = v.y;
+        }
+    }
 }
 
 __device__ __forceinline__ void add_into(float (&acc)[64], float (&t)[64]) {
@@ -299,25 +282,21 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     __syncthreads();
 
     if (wg == 0) {  // the producer
-#if KB_CBW_TAPS_IN_FLIGHT == 2
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");  // 40·128 + 232·256 ≤ 65,536
-#endif
         int it = 0;
+        float v[PER][4];
         for (int tile = blockIdx.x; tile < s.tiles_per_cb; tile += gridDim.x, ++it) {
             const int st = it % STAGES;
             mbar_wait(bars + 8 * (STAGES + st), ((it / STAGES) & 1) ^ 1);
             int64_t n;
             int oh0, ow0;
             tile_coords(tile, s, n, oh0, ow0);
-            stage_input(sm + st * STAGE_BYTES, x, s, n, oh0, ow0, t);
+            load_input(v, x, s, n, oh0, ow0, t);
+            write_input(sm + st * STAGE_BYTES, v, t);
             fence_proxy_async();
             mbar_arrive(bars + 8 * st);
         }
         return;
     }
-#if KB_CBW_TAPS_IN_FLIGHT == 2
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");  // three 64-float accumulators
-#endif
     const int cw = wg - 1;  // this consumer takes the block's tiles cw, cw + 2, cw + 4, …
     const int warp = t / 32, lane = t % 32;
     const int r0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);  // d[4j + e]: channel r0 (+8), pixel 8j + c0 (+1)
@@ -325,6 +304,8 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     const float b0 = bias[r0], b1 = bias[r0 + 8];
     const uint32_t filt = base + FILTER_OFF;
     const int64_t oplane = static_cast<int64_t>(s.HO) * s.WO;
+    Pending pend{nullptr, nullptr, 0, 0, false, false};  // the last row, staged in shared memory
+// excerpt: consumer
     for (int it = cw, tile = blockIdx.x + cw * gridDim.x; tile < s.tiles_per_cb; it += 2, tile += 2 * gridDim.x) {
         const int st = it % STAGES;
         int64_t n;
@@ -332,122 +313,21 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
         tile_coords(tile, s, n, oh, ow0);
         mbar_wait(bars + 8 * st, (it / STAGES) & 1);
         const uint32_t stage = base + st * STAGE_BYTES;
-        float acc[64];
-#if KB_CBW_PINGPONG
-        if (it > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + cw) : "memory");  // the other's products are done
-#endif
-        {
+        float acc[64], d[64];
 #pragma unroll
-            for (int j = 0; j < 16; ++j) acc[4 * j] = acc[4 * j + 1] = b0, acc[4 * j + 2] = acc[4 * j + 3] = b1;
-#if KB_CBW_TAPS_IN_FLIGHT == 2
-            float d0[64], d1[64];
-            issue_tap(d0, stage, filt, 0);
+        for (int j = 0; j < 16; ++j) acc[4 * j] = acc[4 * j + 1] = b0, acc[4 * j + 2] = acc[4 * j + 3] = b1;
 #pragma unroll
-            for (int tap = 1; tap < K3 * K3; ++tap) {
-                if (tap & 1) {
-                    issue_tap(d1, stage, filt, tap);
-                    wg_wait<1>();
-                    add_into(acc, d0);
-                } else {
-                    issue_tap(d0, stage, filt, tap);
-                    wg_wait<1>();
-                    add_into(acc, d1);
-                }
-            }
+        for (int tap = 0; tap < K3 * K3; ++tap) {
+            issue_tap(d, stage, filt, tap);
+            if (tap >= 1) store_part(pend, tap - 1);  // while the tensor core multiplies (none at tap 0: see above)
             wg_wait<0>();
-            add_into(acc, d0);  // tap 8
-#elif KB_CBW_NSPLIT == 2
-            float da[32], db[32];
-#pragma unroll
-            for (int tap = 0; tap < K3 * K3; ++tap) {
-                issue_tap_halves(da, db, stage, filt, tap);
-                wg_wait<0>();
-                fence_regs(da);
-                fence_regs(db);
-#pragma unroll
-                for (int i = 0; i < 32; ++i) acc[i] += da[i], acc[32 + i] += db[i];
-            }
-#elif KB_CBW_CHAIN == 3
-            float d0[64];
-#pragma unroll
-            for (int kh = 0; kh < K3; ++kh) {  // a row of taps chained: 9 products, one FADD
-                issue_tap(d0, stage, filt, 3 * kh, true, false);
-                issue_tap(d0, stage, filt, 3 * kh + 1, false, false);
-                issue_tap(d0, stage, filt, 3 * kh + 2, false, true);
-                wg_wait<0>();
-                add_into(acc, d0);
-            }
-#else
-            float d0[64];
-#pragma unroll
-            for (int tap = 0; tap < K3 * K3; ++tap) {
-                issue_tap(d0, stage, filt, tap);
-                wg_wait<0>();
-                add_into(acc, d0);
-            }
-#endif
+            add_into(acc, d);
         }
-#if KB_CBW_PINGPONG
-        if (tile + gridDim.x < s.tiles_per_cb)  // the other consumer has the next tile: its turn
-            asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - cw) : "memory");
-#endif
         mbar_arrive(bars + 8 * (STAGES + st));  // the stage is free for the producer
-        if (KB_CBW_DIAG_NOSTORE) {
-            if (acc[0] == 1234.5f) y[0] = acc[1];  // keeps the products alive
-            continue;
-        }
         float* yrow = y + (n * s.C_out + co0) * oplane + static_cast<int64_t>(oh) * s.WO;
-#if KB_CBW_SMEM_EPILOGUE && KB_CBW_BULK_STORE
-        // Channel co's row starts m floats past a 16-byte boundary: its aligned middle (the body) goes out in one
-        // bulk copy (cp.async.bulk, the copy engine) from shared memory, where pixel px sits at index px + m so that
-        // the body is 16-byte aligned there too; the ragged head and tail (≤ 3 floats each) are stored directly.
-        // Lane 0 of each warp issues its warp's 16 channels' copies, and waits for them to have read the buffer
-        // before the next row is written into it.
-        float* out = reinterpret_cast<float*>(sm + OUT_OFF + cw * OUT_BYTES);
-        const int valid = min(TILE_W, s.WO - ow0);
-        if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        // The row into shared memory once every warp has stored its part of the last one; its global stores run
+        // during the next tile's taps (store_part), the last row's after the loop.
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int co = r0 + 8 * e;
-            if (co0 + co >= s.C_out) continue;
-            float* yc = yrow + co * oplane + ow0;
-            const int m = static_cast<int>((reinterpret_cast<uintptr_t>(yc) >> 2) & 3);
-            const int head = (4 - m) & 3, end = head + max(0, (valid - head) & ~3);
-            float* orow = out + co * OUT_PITCH + m;
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-#pragma unroll
-                for (int q = 0; q < 2; ++q) {
-                    const int px = 8 * j + c0 + q;
-                    const float v = acc[4 * j + 2 * e + q];
-                    if (px >= valid) continue;
-                    if (px >= head && px < end)
-                        orow[px] = v;
-                    else
-                        yc[px] = v;
-                }
-        }
-        fence_proxy_async();  // the buffer's writes, visible to the copy engine
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
-        if (lane == 0) {
-            for (int k = 0; k < 16; ++k) {
-                const int co = 16 * warp + k;
-                if (co0 + co >= s.C_out) break;
-                float* yc = yrow + co * oplane + ow0;
-                const int m = static_cast<int>((reinterpret_cast<uintptr_t>(yc) >> 2) & 3);
-                const int head = (4 - m) & 3, body = max(0, (valid - head) & ~3);
-                if (body == 0) continue;
-                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(yc + head),
-                             "r"(smem_u32(out + co * OUT_PITCH + m + head)), "r"(4 * body)
-                             : "memory");
-            }
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        }
-#elif KB_CBW_SMEM_EPILOGUE
-        const bool pairs = s.y_even;
-        // The row into shared memory ([channel][pixel], conflict-free float2 writes), then out by channel rows:
-        // a warp writes 32 neighbouring pairs of one channel (256 contiguous bytes) per store.
         float* out = reinterpret_cast<float*>(sm + OUT_OFF + cw * OUT_BYTES);
 #pragma unroll
         for (int j = 0; j < 16; ++j)
@@ -455,45 +335,12 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             for (int e = 0; e < 2; ++e)
                 *reinterpret_cast<float2*>(out + (r0 + 8 * e) * OUT_PITCH + 8 * j + c0) =
                     make_float2(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");  // this consumer's 4 warps
-        const int valid = min(TILE_W, s.WO - ow0), channels = min(CO_B, s.C_out - co0);
-        for (int i = t; i < channels * (TILE_W / 2); i += 128) {
-            const int co = i / (TILE_W / 2), px = 2 * (i % (TILE_W / 2));
-            if (px >= valid) continue;
-            const float2 v = *reinterpret_cast<const float2*>(out + co * OUT_PITCH + px);
-            float* yc = yrow + co * oplane + ow0 + px;
-            if (pairs && px + 1 < valid) {
-                *reinterpret_cast<float2*>(yc) = v;
-            } else {
-                yc[0] = v.x;
-                if (px + 1 < valid) yc[1] = v.y;
-            }
-        }
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");  // before the next row overwrites it
-#else
-        const bool pairs = s.y_even;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int co = r0 + 8 * e;
-            if (co0 + co >= s.C_out) continue;
-            float* yc = yrow + co * oplane;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const int col = ow0 + 8 * j + c0;
-                const float v0 = acc[4 * j + 2 * e], v1 = acc[4 * j + 2 * e + 1];
-                if (pairs && col + 1 < s.WO) {
-                    *reinterpret_cast<float2*>(yc + col) = make_float2(v0, v1);
-                } else {
-                    if (col < s.WO) yc[col] = v0;
-                    if (col + 1 < s.WO) yc[col + 1] = v1;
-                }
-            }
-        }
-#endif
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+        pend = pending_row(yrow + ow0, out, min(TILE_W, s.WO - ow0), min(CO_B, s.C_out - co0), oplane, s.y_even, t);
     }
-#if KB_CBW_SMEM_EPILOGUE && KB_CBW_BULK_STORE
-    if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // every copy done before exit
-#endif
+// end excerpt: consumer
+#pragma unroll
+    for (int part = 0; part < 8; ++part) store_part(pend, part);
 #endif  // KB_CBW
 }
 
