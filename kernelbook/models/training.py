@@ -248,7 +248,7 @@ CALL_PHASES = (  # (phase of one training-mode forward, colour, substrings of it
     ("border sums", "#85c1e9", ("moments_edge",)),
     ("Σ, guard, fold", "#1b4f72", ("moments_cov", "moments_fold", "moments_commit")),
     ("pivots of y", "#a04000", ("pivots_kernel",)),
-    ("conv writes y", "#c0392b", ("conv3x3_3xtf32", "conv3x3_kernel<false")),
+    ("conv writes y", "#c0392b", ("conv3x3_3xtf32", "conv3x3_wgmma", "conv3x3_kernel<false")),
     ("conv + epilogue sums", "#e67e22", ("conv3x3_kernel<true",)),
     ("sums over y (own pass)", "#f4d03f", ("channel_stats",)),
     ("normalise y in place", "#27ae60", ("apply_inplace",)),
