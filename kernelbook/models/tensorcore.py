@@ -552,9 +552,9 @@ torch.cuda.synchronize()
 # What keeps P73's tensor-core convolution from its floor, by the instruction it issues (read from its counters on
 # the H200: chapter 7's Profile).
 P73_HELD_BY = {
-    "wgmma": "the consumers' own instructions between the tensor core's steps — each tap's 64 additions and a "
-             "share of the last row's stores, issued by two warps per scheduler (one block of three warpgroups "
-             "per SM: a producer and two consumers)",
+    "wgmma": "the consumers' own instructions between the tensor core's steps (a tap's 64 additions, a share of "
+             "the last row's stores) from two warps per scheduler: one block of a producer and two consumer "
+             "warpgroups per SM",
     "mma.sync": "latency: too few warps resident (two blocks of 8 warps per SM; at 128 registers per thread no "
                 "more fit) to cover the waits on dependent results",
 }

@@ -326,6 +326,8 @@ def draw_version_ladder(training_ms, bounds_ms):
     """The version ladder: each version's training-mode time (a Series indexed by version) beside the bound of
     its own strategy at the arithmetic it ran (``bounds_ms``, one per version, drawn as a bar), each point
     labelled with its % of that bound (bound ÷ time). Returns the figure."""
+    import textwrap
+
     import matplotlib.pyplot as plt
 
     from ..harness import plots
@@ -337,7 +339,8 @@ def draw_version_ladder(training_ms, bounds_ms):
     for i, (t_v, b_v) in enumerate(zip(t, bounds_ms, strict=True)):
         ax.annotate(f"{100 * b_v / t_v:.0f} %", (i, t_v), xytext=(0, 6), textcoords="offset points",
                     ha="center", va="bottom", fontsize=9)
-    ax.set(xticks=x, xticklabels=training_ms.index, xlabel="version", ylabel="training-mode time (ms)",
+    names = [textwrap.fill(v, 10) for v in training_ms.index]  # two lines where a name is long
+    ax.set(xticks=x, xticklabels=names, xlabel="version", ylabel="training-mode time (ms)",
            ylim=(0, 1.2 * max(t)), title="training mode by version, with each one's % of its own bound")
     ax.legend(loc="upper right", ncol=2, fontsize=9)
     return fig
