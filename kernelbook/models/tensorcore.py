@@ -552,12 +552,21 @@ torch.cuda.synchronize()
 # What keeps P73's tensor-core convolution from its floor, by the instruction it issues (read from its counters on
 # the H200: chapter 7's Profile).
 P73_HELD_BY = {
-    "wgmma": "the consumers' own instructions between the tensor core's steps (a tap's 64 additions, a share of "
-             "the last row's stores) from two warps per scheduler: one block of a producer and two consumer "
-             "warpgroups per SM",
+    "wgmma": "the consumers' own instructions between the tensor core's steps — a tap's 64 additions and a share "
+             "of the previous row's stores, with one group of wgmmas in flight per consumer — from two consumer "
+             "warps per scheduler (12 warps per SM: a producer and two consumer warpgroups, one block)",
     "mma.sync": "latency: too few warps resident (two blocks of 8 warps per SM; at 128 registers per thread no "
                 "more fit) to cover the waits on dependent results",
 }
+
+
+def glue_instruction(instruction: str) -> None:
+    """Glue, for chapter 7's prose, the instruction P73's tensor-core convolution issues (``tc_instr``) and what
+    keeps it from its floor (``tc_held``)."""
+    import kernelbook as kb
+
+    kb.glue_md("tc_instr", f"`{instruction}`")
+    kb.glue_md("tc_held", P73_HELD_BY[instruction])
 
 
 def path_counters(rows: list[dict], order_by: str):

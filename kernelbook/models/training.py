@@ -239,7 +239,7 @@ def draw_lag_sums(c_in: int = 8, k: int = 3, hw: int = 7, tap: tuple[int, int] =
 
 # Chapter 7's kernel files, less the shared headers chapters 1 and 6 show (bn_stats.cuh, welford.cuh, tf32.cuh)
 P73_OWN_SOURCES = ("conv_bn_scale.cu", "conv_bn_scale.cpp", "conv_bn_scale.h", "tc_rates.h", "conv_moments.cuh",
-                   "conv_tf32.cuh")
+                   "conv_tf32.cuh", "conv_wgmma.cuh")
 
 
 CALL_PHASES = (  # (phase of one training-mode forward, colour, substrings of its kernels' names), in launch order
@@ -320,6 +320,13 @@ def phases_bound_ms(phases, rates, bandwidth: float) -> float:
     from . import roofline
 
     return sum(roofline.bound_ms(c, r, bandwidth) for c, r in zip(phases, rates, strict=True))
+
+
+def conv_bounds_ms(phases: dict, sums_rate: float, conv_rate: float, bandwidth: float) -> tuple[float, float]:
+    """(eval mode's bound, the moments strategy's bound) in ms with the convolution at ``conv_rate`` and the
+    moments' sums at ``sums_rate``: chapter 7's 3xTF32 bounds where the two run on different instructions."""
+    return (phases_bound_ms(phases["eval mode (folded conv)"], (conv_rate,), bandwidth),
+            phases_bound_ms(phases["moments, then one conv"], (sums_rate, conv_rate), bandwidth))
 
 
 def draw_version_ladder(training_ms, bounds_ms):
