@@ -552,9 +552,8 @@ torch.cuda.synchronize()
 # What keeps P73's tensor-core convolution from its floor, by the instruction it issues (read from its counters on
 # the H200: chapter 7's Profile).
 P73_HELD_BY = {
-    "wgmma": "the consumers' own instructions between the tensor core's steps — a tap's 64 additions and a share "
-             "of the previous row's stores, with one group of wgmmas in flight per consumer — from two consumer "
-             "warps per scheduler (12 warps per SM: a producer and two consumer warpgroups, one block)",
+    "wgmma": "the consumers' own instructions between the tensor core's steps (a tap's 64 additions, a share of "
+             "the previous row's stores) from two consumer warps per scheduler",
     "mma.sync": "latency: too few warps resident (two blocks of 8 warps per SM; at 128 registers per thread no "
                 "more fit) to cover the waits on dependent results",
 }
