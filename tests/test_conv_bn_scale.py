@@ -544,3 +544,18 @@ def test_wgmma_and_mma_sync_give_the_same_convolution(cbs):
         for a, m in zip(tw, tm, strict=True):
             check.assert_close(a, m.double(), 1e-6, what=f"training {shape}")
     assert cbs.conv_bn_scale_tc_instruction(x0) == "wgmma"  # the default restored
+
+
+def test_conv_bounds_put_the_convolution_at_its_instructions_rate():
+    """Chapter 7's bounds with the sums and the convolution on different instructions: equal rates give the
+    phased bounds of eval mode and of the moments strategy; a faster convolution lowers both, and the eval bound
+    never falls below the bytes' time."""
+    rl, bw = kb.roofline, 4e12
+    phases = {"eval mode (folded conv)": [rl.p73_fused_eval()],
+              "moments, then one conv": rl.p73_train_phases(strategy="moments")}
+    ev, mo = kb.training.conv_bounds_ms(phases, 6e13, 6e13, bw)
+    assert ev == pytest.approx(rl.phased_bound_ms(phases["eval mode (folded conv)"], 6e13, bw))
+    assert mo == pytest.approx(rl.phased_bound_ms(phases["moments, then one conv"], 6e13, bw))
+    ev2, mo2 = kb.training.conv_bounds_ms(phases, 6e13, 1e15, bw)
+    assert ev2 < ev and mo2 < mo
+    assert ev2 == pytest.approx(1e3 * rl.p73_fused_eval().bytes / bw)
