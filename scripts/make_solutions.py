@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,8 +25,20 @@ KERNELS = ROOT / "kernels"
 SOLUTIONS = ROOT / "solutions"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"[^\n]*$', re.MULTILINE)  # a trailing comment goes too
 
+# The extension's build: the one load_inline call both loaders make (indented by the loader).
+_LOAD_INLINE = '''\
+_EXT = load_inline(
+    name=f"{prefix}_{{digest}}",
+    cpp_sources=[CPP_SRC],
+    cuda_sources=[CUDA_SRC],
+    extra_cflags=["-O3"],
+    extra_cuda_cflags=["-O3"],  # no --use_fast_math: division and sqrt stay IEEE
+    no_implicit_headers=True,
+)
+'''
+
 # The sources and their loader, shared by every submission ({prefix}: the extension's name before its digest).
-LOADER = '''\
+_LOADER_HEAD = '''\
 CUDA_SRC = r\'\'\'
 {cuda}\'\'\'
 
@@ -36,53 +49,33 @@ _EXT = None
 
 
 def _ext():
-    """Compile the extension once per process (the name is unique to these sources)."""
+    \"\"\"Compile the extension once per process (the name is unique to these sources).\"\"\"
     global _EXT
     if _EXT is None:
-        digest = hashlib.sha256((CUDA_SRC + CPP_SRC).encode()).hexdigest()[:12]
-        _EXT = load_inline(
-            name=f"{prefix}_{{digest}}",
-            cpp_sources=[CPP_SRC],
-            cuda_sources=[CUDA_SRC],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"],  # no --use_fast_math: division and sqrt stay IEEE
-            no_implicit_headers=True,
-        )
-    return _EXT
 '''
+LOADER = (_LOADER_HEAD + '''\
+        digest = hashlib.sha256((CUDA_SRC + CPP_SRC).encode()).hexdigest()[:12]
+''' + textwrap.indent(_LOAD_INLINE, " " * 8) + '''\
+    return _EXT
+''')
 
 # The loader for sources with Hopper-only code (they test __CUDA_ARCH_FEAT_SM90_ALL): on an sm_90 GPU it builds
 # for sm_90a, as the book does (kernelbook/harness/build.py), so that the wgmma path exists; elsewhere as LOADER.
-LOADER_SM90A = LOADER.replace('''        digest = hashlib.sha256((CUDA_SRC + CPP_SRC).encode()).hexdigest()[:12]
-        _EXT = load_inline(
-            name=f"{prefix}_{{digest}}",
-            cpp_sources=[CPP_SRC],
-            cuda_sources=[CUDA_SRC],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"],  # no --use_fast_math: division and sqrt stay IEEE
-            no_implicit_headers=True,
-        )
-''', '''        sm90a = torch.cuda.get_device_capability() == (9, 0)  # wgmma, setmaxnreg: the sm_90a target
+LOADER_SM90A = (_LOADER_HEAD + '''\
+        sm90a = torch.cuda.get_device_capability() == (9, 0)  # wgmma, setmaxnreg: the sm_90a target
         digest = hashlib.sha256((CUDA_SRC + CPP_SRC + str(sm90a)).encode()).hexdigest()[:12]
         saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
         if sm90a:
             os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
         try:
-            _EXT = load_inline(
-                name=f"{prefix}_{{digest}}",
-                cpp_sources=[CPP_SRC],
-                cuda_sources=[CUDA_SRC],
-                extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3"],  # no --use_fast_math: division and sqrt stay IEEE
-                no_implicit_headers=True,
-            )
+''' + textwrap.indent(_LOAD_INLINE, " " * 12) + '''\
         finally:
             if sm90a and saved is None:
                 del os.environ["TORCH_CUDA_ARCH_LIST"]
             elif sm90a:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = saved
+    return _EXT
 ''')
-assert LOADER_SM90A != LOADER
 
 AUTOGRAD_NOTE = """\
 Autograd: the module runs in any grad mode, as a drop-in replacement must (KernelBench times it with autograd on
