@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# dev/cbw/job.sh — one device call (≈ 250 s on an H200): the wgmma convolution's variants built in parallel, checked
+# and timed on P73 (dev/cbw/variants.py), compute-sanitizer's four tools on the small shapes of the candidate, and
+# Nsight Compute on the landed kernel and the candidate. Run from the repository root on the device with the wheels
+# carried in .whl/wheels (bash ../shared/tools/gpu-wheels.sh .whl/wheels; carry [".whl"]). Results under $OUT.
+set -o pipefail
+if [ ! -f /tmp/site/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/wheels/*.whl || exit 3
+  touch /tmp/site/.done
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
+V=${V:-"t1 t3 t3.l1 t3.f1.l1 t3.f2.l1 t1.f2.l1"}
+CAND=${CAND:-t3.f1.l1}
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
+python3 dev/cbw/variants.py --resources $V > $OUT/resources.jsonl 2>&1
+for v in $V; do python3 dev/cbw/variants.py --build-only $v > /tmp/build-$v.log 2>&1 & done
+python3 -c "import kernelbook as kb; kb.build.load('conv_bn_scale')" &
+wait
+echo "builds: $(( $(date +%s) - t0 )) s"; grep -il error /tmp/build-*.log
+python3 dev/cbw/variants.py $V > $OUT/variants.json 2>&1; tail -1 $OUT/variants.json
+python3 - $OUT/variants.json <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+res = json.loads(text[:text.rindex("}") + 1])
+for r in res["checks"]:
+    print(r["case"], " ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items() if k != "case"))
+for k, v in res["timing_ms"].items():
+    print(k, v)
+PY
+echo "timed: $(( $(date +%s) - t0 )) s"
+for tool in memcheck racecheck initcheck synccheck; do
+  ( compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/cbw/variants.py --small $CAND > /tmp/san-$tool.log 2>&1
+    echo "$tool rc=$?" >> /tmp/san-$tool.log ) &
+done
+for v in t1 $CAND; do
+  ncu --clock-control none --set full --import-source yes -k regex:conv3x3_wgmma -s 1 -c 1 -o /tmp/ncu-$v \
+    python3 dev/cbw/variants.py --ncu $v > /tmp/ncu-$v.log 2>&1
+  ncu --import /tmp/ncu-$v.ncu-rep --page details > /tmp/det-$v.txt 2>&1
+done
+wait
+for tool in memcheck racecheck initcheck synccheck; do tail -2 /tmp/san-$tool.log; done | tee $OUT/sanitizers.log
+grep -E "Duration|Issue Slots Busy|Executed Ipc A|Compute \(SM\) Throughput|Memory Throughput|Registers Per" /tmp/det-*.txt
+tar czf $OUT/ncu.tgz -C /tmp $(cd /tmp && ls ncu-*.ncu-rep det-*.txt 2>/dev/null)
+echo "total: $(( $(date +%s) - t0 )) s"
