@@ -11,6 +11,9 @@
 //     call, spills: 120–284 bytes at the 168-register cap.)
 //   CBW_STORE_LDS (0): 1 — the store part reads the shared-memory row through an index into it (LDS, 32-bit
 //     addresses) rather than a generic pointer carried across tiles (LD, 64-bit addresses).
+//   CBW_STATS (0): 1 — the statistics eval mode's guard needs (dev/eval_guard.py's relative rule), summed on the
+//     way: Σx² and Σx⁴ per input channel by the producer (each input counted once, by channel block 0), Σy² per
+//     output channel by the consumers, into stats[2·C_in + C_out] (double, zeroed by the caller) with atomics.
 // The landed kernel's description follows.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
@@ -56,6 +59,9 @@
 #endif
 #ifndef CBW_STORE_LDS
 #define CBW_STORE_LDS 0
+#endif
+#ifndef CBW_STATS
+#define CBW_STATS 0
 #endif
 
 namespace cbwx {
@@ -330,7 +336,7 @@ __device__ __forceinline__ void add_into(float (&acc)[64], float (&t)[64]) {
 // blocks); block (·, cb) walks the tiles of channel block cb.
 __global__ void __launch_bounds__(THREADS, 1)
 conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                     float* __restrict__ y, Shape s, const unsigned* guard, unsigned run_if) {
+                     float* __restrict__ y, Shape s, const unsigned* guard, unsigned run_if, double* stats) {
 #ifdef KB_CBW
     if (guard != nullptr && *guard != run_if) return;  // block-uniform, before any barrier
     extern __shared__ __align__(128) unsigned char sm[];
@@ -352,6 +358,9 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     if (wg == 0) {  // the producer
         int it = 0;
         float v[PER][4];
+#if CBW_STATS
+        float q2[2][4] = {}, q4[2][4] = {};  // Σx², Σx⁴ of channel 4h + c, each input counted once
+#endif
         for (int tile = blockIdx.x; tile < s.tiles_per_cb; tile += gridDim.x, ++it) {
             const int st = it % STAGES;
             mbar_wait(bars + 8 * (STAGES + st), ((it / STAGES) & 1) ^ 1);
@@ -360,9 +369,44 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             tile_coords(tile, s, n, oh0, ow0);
             load_input(v, x, s, n, oh0, ow0, t);
             write_input(sm + st * STAGE_BYTES, v, t);
+#if CBW_STATS
+            if (blockIdx.y == 0) {  // one channel block counts the input
+#pragma unroll
+                for (int k = 0; k < PER; ++k) {
+                    const int item = t + 128 * k;
+                    const int h = item / (IN_ROWS * IN_W), r = item / IN_W % IN_ROWS, px = item % IN_W;
+                    // input row oh0 (all three in the last output row), columns of this tile (all in the last)
+                    if (item < ITEMS && (r == 0 || oh0 == s.HO - 1) && (px < TILE_W || ow0 + TILE_W >= s.WO)) {
+#pragma unroll
+                        for (int c = 0; c < 4; ++c) {
+                            const float sq = v[k][c] * v[k][c];
+                            if (h == 0) q2[0][c] += sq, q4[0][c] = fmaf(sq, sq, q4[0][c]);
+                            else q2[1][c] += sq, q4[1][c] = fmaf(sq, sq, q4[1][c]);
+                        }
+                    }
+                }
+            }
+#endif
             fence_proxy_async();
             mbar_arrive(bars + 8 * st);
         }
+#if CBW_STATS
+        if (blockIdx.y == 0 && stats != nullptr) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float a = q2[h][c], b4 = q4[h][c];
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1)
+                        a += __shfl_xor_sync(0xffffffffu, a, o), b4 += __shfl_xor_sync(0xffffffffu, b4, o);
+                    if (t % 32 == 0 && 4 * h + c < s.C_in) {
+                        atomicAdd(stats + 4 * h + c, static_cast<double>(a));
+                        atomicAdd(stats + s.C_in + 4 * h + c, static_cast<double>(b4));
+                    }
+                }
+        }
+#endif
         return;
     }
     const int cw = wg - 1;  // this consumer takes the block's tiles cw, cw + 2, cw + 4, …
@@ -374,6 +418,9 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     const int64_t oplane = static_cast<int64_t>(s.HO) * s.WO;
     const float* row = reinterpret_cast<const float*>(sm + OUT_OFF + cw * OUT_BYTES);  // this consumer's row
     Pending pend{nullptr, ORef{}, 0, 0, false, false, false};  // the last row, staged in shared memory
+#if CBW_STATS
+    float y2[2] = {0.f, 0.f};  // Σy² of channels co0 + r0 and co0 + r0 + 8 over this thread's outputs
+#endif
 // excerpt: consumer
     for (int it = cw, tile = blockIdx.x + cw * gridDim.x; tile < s.tiles_per_cb; it += 2, tile += 2 * gridDim.x) {
         const int st = it % STAGES;
@@ -395,6 +442,17 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             add_into(acc, d);
         }
         mbar_arrive(bars + 8 * (STAGES + st));  // the stage is free for the producer
+#if CBW_STATS
+        {
+            const int valid = min(TILE_W, s.WO - ow0);
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (valid == TILE_W || 8 * j + c0 + (e & 1) < valid)
+                        y2[e >> 1] = fmaf(acc[4 * j + e], acc[4 * j + e], y2[e >> 1]);
+        }
+#endif
         float* yrow = y + (n * s.C_out + co0) * oplane + static_cast<int64_t>(oh) * s.WO;
         // The row into shared memory once every warp has stored its part of the last one; its global stores run
         // during the next tile's taps (store_part), the last row's after the loop.
@@ -412,6 +470,18 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
 // end excerpt: consumer
 #pragma unroll
     for (int part = 0; part < 8; ++part) store_part(pend, row, part);
+#if CBW_STATS
+    if (stats != nullptr) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float a = y2[e];
+            a += __shfl_xor_sync(0xffffffffu, a, 1);
+            a += __shfl_xor_sync(0xffffffffu, a, 2);
+            const int c = co0 + r0 + 8 * e;
+            if (lane % 4 == 0 && c < s.C_out) atomicAdd(stats + 2 * s.C_in + c, static_cast<double>(a));
+        }
+    }
+#endif
 #endif  // KB_CBW
 }
 
@@ -443,7 +513,8 @@ static cudaError_t available(bool* out) {
 
 // y = conv(x, w) + b through wgmma; C_in ≤ 8, an sm_90 GPU and an sm_90a build (the caller checks: available).
 static cudaError_t conv(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                        int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream) {
+                        int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream,
+                        double* stats = nullptr) {
     const int64_t per_cb = tiles_per_cb(N, H, W);
     if (per_cb == 0 || C_out <= 0) return cudaSuccess;
     if (per_cb > INT32_MAX || C_in < 1 || C_in > CI) return cudaErrorInvalidValue;
@@ -465,7 +536,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
     int per = sms[device % 64] / cbs;
     per = per < 1 ? 1 : per;
     per = per < s.tiles_per_cb ? per : s.tiles_per_cb;
-    conv3x3_wgmma_kernel<<<dim3(per, cbs), THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if);
+    conv3x3_wgmma_kernel<<<dim3(per, cbs), THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if, stats);
     return cudaGetLastError();
 }
 

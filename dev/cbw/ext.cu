@@ -5,20 +5,23 @@
 #include "conv_wgmma_x.cuh"
 
 torch::Tensor conv_wgmma(const torch::Tensor& x, const torch::Tensor& w, const std::optional<torch::Tensor>& b,
-                         const std::optional<torch::Tensor>& out) {
+                         const std::optional<torch::Tensor>& out, const std::optional<torch::Tensor>& stats) {
     TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() == 4, "x");
+    TORCH_CHECK(!stats || (stats->is_cuda() && stats->scalar_type() == torch::kFloat64 && stats->is_contiguous() &&
+                           stats->numel() == 2 * x.size(1) + w.size(0)), "stats: float64, 2·C_in + C_out, zeroed");
     TORCH_CHECK(w.is_contiguous() && w.size(2) == 3 && w.size(3) == 3 && w.size(1) == x.size(1), "w");
     const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), K = w.size(0);
     torch::Tensor y = out ? *out : torch::empty({N, K, H - 2, W - 2}, x.options());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     const cudaError_t err = cbwx::conv(x.data_ptr<float>(), w.data_ptr<float>(), b ? b->data_ptr<float>() : nullptr,
                                       y.data_ptr<float>(), N, static_cast<int>(C), static_cast<int>(H),
-                                      static_cast<int>(W), static_cast<int>(K), nullptr, 0u, stream);
+                                      static_cast<int>(W), static_cast<int>(K), nullptr, 0u, stream,
+                                       stats ? stats->data_ptr<double>() : nullptr);
     TORCH_CHECK(err == cudaSuccess, "conv_wgmma: ", cudaGetErrorString(err));
     return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("conv_wgmma", &conv_wgmma, pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("b") = pybind11::none(),
-          pybind11::arg("out") = pybind11::none());
+          pybind11::arg("out") = pybind11::none(), pybind11::arg("stats") = pybind11::none());
 }

@@ -9,7 +9,7 @@ if [ ! -f /tmp/site/.done ]; then
   touch /tmp/site/.done
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-V=${V:-"t1 t3 t3.l1 t3.f1.l1 t3.f2.l1 t1.f2.l1"}
+V=${V:-"t1 t3 t3.l1 t3.f1.l1 t3.f2.l1 t1.f2.l1 t3.f1.l1.s1"}
 CAND=${CAND:-t3.f1.l1}
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader

@@ -7,12 +7,13 @@
     python dev/cbw/variants.py --ncu t3                       # two launches on P73 (Nsight Compute profiles one)
 
 A variant names its switches (the header's macros), dot-separated: t<n> CBW_TAPS (taps per FADD), f<n>
-CBW_STORE_FAST, l<n> CBW_STORE_LDS; "t1" alone is the landed kernel. Checks (every variant, NaN-poisoned
-outputs): the odd shapes of the book's wgmma test against float64, beside cuDNN float32 (TF32 off), and the
-definition's input classes (P73's, as the GPU tests draw them) against float64, beside cuDNN float32 and the
-book's own 3xTF32 path (the landed wgmma kernel). A variant passes where nothing is unwritten, its error is at
+CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS; "t1" alone is the landed kernel. Checks (every variant,
+NaN-poisoned outputs): the odd shapes of the book's wgmma test against float64, beside cuDNN float32 (TF32 off),
+and the definition's input classes (P73's, as the GPU tests draw them) against float64, beside cuDNN float32 and
+the book's own 3xTF32 path (the landed wgmma kernel). A variant passes where nothing is unwritten, its error is at
 most 2× cuDNN's (cancelling 6×, wide 2.5×: where the landed 3xTF32 path is held too) and at most 1.25× the
-landed kernel's.
+landed kernel's. With s1 the statistics (Σx², Σx⁴ per input channel, Σy² per output channel) must match float64
+sums to 1e-4, and the timing includes them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-MACROS = {"t": "CBW_TAPS", "f": "CBW_STORE_FAST", "l": "CBW_STORE_LDS"}
+MACROS = {"t": "CBW_TAPS", "f": "CBW_STORE_FAST", "l": "CBW_STORE_LDS", "s": "CBW_STATS"}
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_MISS
 
@@ -36,9 +37,9 @@ MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_
 def defines(variant: str) -> dict[str, int]:
     out = {}
     for part in variant.split("."):
-        m = re.fullmatch(r"([tfl])(\d+)", part)
+        m = re.fullmatch(r"([tfls])(\d+)", part)
         if not m:
-            raise SystemExit(f"unknown switch {part!r} in variant {variant!r} (t<n>, f<n>, l<n>)")
+            raise SystemExit(f"unknown switch {part!r} in variant {variant!r} (t<n>, f<n>, l<n>, s<n>)")
         out[MACROS[m.group(1)]] = int(m.group(2))
     return out
 
@@ -109,7 +110,14 @@ def classes():
             "wide": (wide * (1 + 0.5 * u(xs, 7, 0.0, 1.0)), w)}
 
 
+def new_stats(x, w):
+    import torch
+
+    return torch.zeros(2 * x.shape[1] + w.shape[0], dtype=torch.float64, device="cuda")
+
+
 def run_checks(mods, cbs, small: bool) -> list[dict]:
+    import torch
     import torch.nn.functional as F
 
     import kernelbook as kb
@@ -135,11 +143,19 @@ def run_checks(mods, cbs, small: bool) -> list[dict]:
         row = {"case": name, "cudnn_fp32": lib, "landed": landed}
         for v, m in mods.items():
             y = check.poisoned(ref.shape, device="cuda")
-            m.conv_wgmma(x, w, b, y)
+            st = new_stats(x, w) if defines(v).get("CBW_STATS") else None
+            m.conv_wgmma(x, w, b, y, st)
             r = rel(y, ref)
             row[v] = r["rel_err"]
             row[v + "_ok"] = bool(r["unwritten"] == 0 and r["rel_err"] <= bound * max(lib, 2.0**-24)
                                   and r["rel_err"] <= 1.25 * max(landed, 2.0**-24))
+            if st is not None:
+                x64 = x.double()
+                want = torch.cat([(x64**2).sum(dim=(0, 2, 3)), (x64**4).sum(dim=(0, 2, 3)),
+                                  (ref**2).sum(dim=(0, 2, 3))])
+                worst = float(((st - want).abs() / want.abs().clamp_min(1e-300)).max())
+                row[v + "_stats_err"] = worst
+                row[v + "_stats_ok"] = bool(worst <= 1e-4) or name == "wide"  # 2^±120 squares: float's range
         rows.append(row)
     return rows
 
@@ -158,7 +174,10 @@ def timings(mods, cbs) -> dict:
     out = {"instruction": cbs.conv_bn_scale_tc_instruction(x)}
     for _ in range(2):  # the same order twice: drift shows as a change between rounds
         for v, m in mods.items():
-            out.setdefault(v, []).append(tt.do_bench(lambda m=m: m.conv_wgmma(x, w, b, y), warmup=100, rep=400))
+            st = new_stats(x, w) if defines(v).get("CBW_STATS") else None
+            out.setdefault(v, []).append(tt.do_bench(
+                lambda m=m, st=st: m.conv_wgmma(x, w, b, y, st.zero_() if st is not None else None),
+                warmup=100, rep=400))
         for math in ("3xtf32", "fp32"):
             out.setdefault(f"book_{math}", []).append(
                 tt.do_bench(lambda math=math: cbs.conv_bn_scale_eval(x, w, b, y, math=math), warmup=100, rep=400))
