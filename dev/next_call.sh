@@ -10,7 +10,7 @@ if [ ! -f /tmp/site/.done ]; then
   touch /tmp/site/.done
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-V=${V:-"t1 t3 t3.l1 t3.f1.l1 t3.f2.l1 t1.f2.l1 t3.f1.l1.s1"}
+V=${V:-"t1 t3 t3.l1 t3.f1.l1 t3.f2.l1 t3.f1.l1.s1"}
 CAND=${CAND:-t3.f1.l1}
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
@@ -38,7 +38,10 @@ for tool in memcheck racecheck initcheck synccheck; do
     compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small > /tmp/san-p27w-$tool.log 2>&1
     echo "p27w $tool rc=$?" >> /tmp/san-p27w-$tool.log ) &
 done
-for v in t1 $CAND; do
+# the candidate as landed in kernels/ (tests only: the GPU is shared with the sanitizers, nothing is timed)
+timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv_bn_scale.py tests/test_conv_definition.py \
+  > $OUT/pytest-landed.log 2>&1; echo "pytest rc=$?" >> $OUT/pytest-landed.log; tail -3 $OUT/pytest-landed.log
+for v in $CAND; do
   ncu --clock-control none --set full --import-source yes -k regex:conv3x3_wgmma -s 1 -c 1 -o /tmp/ncu-$v \
     python3 dev/cbw/variants.py --ncu $v > /tmp/ncu-$v.log 2>&1
   ncu --import /tmp/ncu-$v.ncu-rep --page details > /tmp/det-$v.txt 2>&1

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# dev/land_call.sh — one device call that re-proves a kernels/ change: every extension built in parallel first, then
+# scripts/gpu_session.sh on the named chapters (executed live and recorded; the GPU tests; compute-sanitizer's four
+# tools over every workload; the GPU-evidence record). Run from the repository root on the device with the wheels
+# carried in .whl/wheels (carry [".whl"]); KERNELBOOK_COMMIT names the commit the tree was sent at.
+#   bash dev/land_call.sh 07_capstone_conv_bn_scale      → $OUT/session.log, $OUT/records.tgz (results/, logs)
+# and, where the call has time left, dev/p27w's prototype checked and timed ($OUT/p27w.json).
+set -o pipefail
+if [ ! -f /tmp/site/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/wheels/*.whl || exit 3
+  touch /tmp/site/.done
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
+t0=$(date +%s)
+python3 dev/p27w/run.py --build-only --nd 3 > /tmp/build-p27w.log 2>&1 &
+for k in bn_train ceilings conv2d_folded conv3d_gn_mean conv_bn_scale cutlass_conv cutlass_gemm gemm_3xtf32 \
+         gemm_wgmma group_stats mappings mma_probe scale; do
+  python3 -c "import kernelbook as kb; kb.build.load('$k')" > /tmp/build-$k.log 2>&1 || echo "build $k failed" &
+done
+wait
+echo "builds: $(( $(date +%s) - t0 )) s"
+timeout ${SESSION_S:-530} bash scripts/gpu_session.sh /tmp/gs "$@" 2>&1 | tee $OUT/session.log
+if [ $(( $(date +%s) - t0 )) -lt ${P27W_BEFORE:-470} ]; then  # P27's wgmma prototype, if the call has time left
+  timeout 60 python3 dev/p27w/run.py --nd 3 > $OUT/p27w.json 2>&1; grep -A12 timing_ms $OUT/p27w.json
+fi
+echo "total: $(( $(date +%s) - t0 )) s" | tee -a $OUT/session.log
+tar czf $OUT/records.tgz results -C /tmp/gs nvidia-smi.csv pytest-gpu.log notebooks.log $(cd /tmp/gs && ls sanitizer-* 2>/dev/null)
