@@ -318,7 +318,7 @@ std::string conv_bn_scale_math(const torch::Tensor& x, const std::string& math, 
 }
 
 // The tensor-core convolution's instruction on x's GPU: "wgmma" (an sm_90a build on an sm_90 GPU) or "mma.sync";
-// mma_sync = true forces mma.sync from now on (for comparisons: the outputs agree to float32 rounding), false lets the
+// mma_sync = true forces mma.sync from now on (for comparisons: the outputs are bitwise the same), false lets the
 // GPU's default choose again. Returns the instruction the next 3xTF32 convolution uses.
 std::string conv_bn_scale_tc_instruction(const torch::Tensor& x, std::optional<bool> mma_sync) {
     constexpr const char* op = "conv_bn_scale_tc_instruction";
@@ -373,7 +373,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           arg("math"));
     m.def("conv_bn_scale_tc_instruction", &conv_bn_scale_tc_instruction,
           "The 3xTF32 convolution's instruction on x's GPU: 'wgmma' (sm_90a build, sm_90 GPU) or 'mma.sync'; "
-          "mma_sync=True forces mma.sync (the same output to float32 rounding), False restores the default",
+          "mma_sync=True forces mma.sync (bitwise the same output), False restores the default",
           arg("x"), arg("mma_sync") = pybind11::none());
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");

@@ -679,7 +679,7 @@ void cbs_config(int* out) {
 namespace cbs {
 
 // The tensor-core convolution's instruction: wgmma where cbw::available, unless mma.sync is asked for
-// (cbs_set_tc_mma_sync: for comparisons; both agree to float32 rounding).
+// (cbs_set_tc_mma_sync: for comparisons; both give bitwise the same output).
 static int g_tc_mma_sync = 0;
 
 cudaError_t tc_uses_wgmma(bool* out) {

@@ -69,7 +69,7 @@ void cbs_config(int* out);
 
 // The tensor-core convolution's instruction on the current GPU: bit 0 set for wgmma (an sm_90a build on an sm_90
 // GPU), clear for mma.sync; -1 on an error. mma_sync ≥ 0 first sets whether mma.sync is forced (for comparisons:
-// the two agree to float32 rounding); bit 1 of the result says whether it was forced before the call.
+// the two give bitwise the same output); bit 1 of the result says whether it was forced before the call.
 int cbs_tc_instruction(int mma_sync);
 // The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
 // prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:

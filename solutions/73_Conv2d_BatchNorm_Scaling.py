@@ -370,7 +370,7 @@ void cbs_config(int* out);
 
 // The tensor-core convolution's instruction on the current GPU: bit 0 set for wgmma (an sm_90a build on an sm_90
 // GPU), clear for mma.sync; -1 on an error. mma_sync ≥ 0 first sets whether mma.sync is forced (for comparisons:
-// the two agree to float32 rounding); bit 1 of the result says whether it was forced before the call.
+// the two give bitwise the same output); bit 1 of the result says whether it was forced before the call.
 int cbs_tc_instruction(int mma_sync);
 // The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
 // prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:
@@ -1491,9 +1491,8 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
 // conv_wgmma.cuh — P73's 3×3 convolution on Hopper's warpgroup MMA (wgmma), float32-accurate through the 3xTF32
 // split: y = conv(x, w) + b, NCHW float32, stride 1, no padding, C_in ≤ 8. Included by conv_bn_scale.cu, which
 // runs it where the binary was built for sm_90a and the GPU is sm_90 (cbw::available), conv_tf32.cuh's mma.sync
-// kernel elsewhere: the same split products, joined per filter row here and per tap there (the two agree to
-// float32 rounding). The wgmma code exists only in an sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); other targets
-// compile an empty kernel, which is never launched.
+// kernel elsewhere: the same arithmetic, so the two give the same bits. The wgmma code exists only in an sm_90a
+// build (__CUDA_ARCH_FEAT_SM90_ALL); other targets compile an empty kernel, which is never launched.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
 // channels] · X(tap)[8 channels × 128 pixels], the tap's window of the staged input shifted by (kh, kw). On wgmma
@@ -1514,15 +1513,13 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
 //     a thread's loads in flight at once), splits them and writes the hi and lo planes into a ring of STAGES
 //     stages, then arrives on the stage's `full` barrier (after a proxy fence: wgmma reads shared memory through
 //     the async proxy);
-//   * two consumers (warpgroups 1, 2), taking the block's tiles in turn (stages 2k + c feed consumer c). Per
-//     filter row (three taps) nine wgmma.m64n128k8 into a fresh accumulator — the three taps' small terms (lo·hi,
-//     hi·lo) first, then their three hi·hi — then one rounded FADD into the running sum. Only the hi·hi products
-//     are truncated at the size of the running sum inside the tensor core, and with them last there are as many
-//     of those per output as with one FADD per tap; chaining all 27 products naively erred up to 10× more. After
-//     the taps the stage is released (`empty` barrier) and the row is written into shared memory; its global
-//     stores (coalesced, 256 bytes per warp store) are issued during the next tile's filter rows 2 and 3, while
-//     the tensor core works, in eight parts, without a branch per channel. (Row 1 issues none: a store there made
-//     the compiler wait for its products before the last wgmma.)
+//   * two consumers (warpgroups 1, 2), taking the block's tiles in turn (stages 2k + c feed consumer c). Per tap
+//     three wgmma.m64n128k8 (lo·hi, hi·lo, hi·hi: the small terms first) into a fresh accumulator, then a rounded
+//     FADD into the running sum (as conv_tf32.cuh does with mma.sync: chaining the taps inside the tensor core
+//     erred up to 10× more). After the taps the stage is released (`empty` barrier) and the row is written into
+//     shared memory; its global stores (coalesced, 256 bytes per warp store) are issued during the next tile's
+//     taps, while the tensor core works, in eight parts. (Tap 0 issues none: a store there made the compiler
+//     wait for that tap's products before its third wgmma.)
 
 #include <cuda_runtime.h>
 
@@ -1531,7 +1528,6 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KB_CBW 1
 #endif
-
 
 namespace cbw {
 
@@ -1699,55 +1695,43 @@ __device__ __forceinline__ void write_input(unsigned char* st, const float (&v)[
     }
 }
 
-// Taps t0 … t0+n−1 (a filter row: n = 3) into d, from zero, as one committed group: every tap's small terms
-// (lo·hi, hi·lo), then their hi·hi.
-template <int kN>
-__device__ __forceinline__ void issue_group(float (&d)[64], uint32_t stage, uint32_t filt, int t0) {
+// One tap's three products into d, from zero, as one committed group.
+__device__ __forceinline__ void issue_tap(float (&d)[64], uint32_t stage, uint32_t filt, int tap) {
+    const int kh = tap / K3, kw = tap % K3;
+    const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
+    const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
     wg_fence();
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
-        const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
-        const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
-        mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
-        mma(d, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
-    }
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
-        const uint32_t b_hi = stage + (kh * PIX + kw) * 16, a_hi = filt + tap * TAP_BYTES;
-        mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
-    }
+    mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), 0);
+    mma(d, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
+    mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
     wg_commit();
 }
-constexpr int GROUPS = K3, PARTS_PER_GROUP = 8 / (GROUPS - 1);  // a group per filter row; group 0 stores nothing
 
 // A row staged in shared memory, stored during the next tile's taps: thread t writes pixels px = 2·(t % 64), +1
 // of channels 2k + t / 64 (a warp: 32 neighbouring pairs of one channel, 256 contiguous bytes per store).
 struct Pending {
     float* y;         // this thread's first output (channel t / 64, pixel px); null: nothing to store
-    int o;            // the same value's index in the shared-memory row (LDS: 32-bit addresses)
+    const float* o;   // the same value in the shared-memory row
     int64_t step;     // two channel planes
     int rows;         // k < rows: channel 2k + t / 64 exists
     bool pair;        // both pixels valid and y 8-byte aligned there: one float2 store
     bool second;      // pixel px + 1 valid
 };
-__device__ __forceinline__ Pending pending_row(float* yrow, int valid, int channels, int64_t oplane, bool pairs,
-                                               int t) {
+__device__ __forceinline__ Pending pending_row(float* yrow, const float* out, int valid, int channels, int64_t oplane,
+                                               bool pairs, int t) {
     const int px = 2 * (t % 64), c = t / 64;
-    if (px >= valid) return Pending{nullptr, 0, 0, 0, false, false};
-    return Pending{yrow + c * oplane + px, c * OUT_PITCH + px, 2 * oplane, (channels - c + 1) / 2,
+    if (px >= valid) return Pending{nullptr, nullptr, 0, 0, false, false};
+    return Pending{yrow + c * oplane + px, out + c * OUT_PITCH + px, 2 * oplane, (channels - c + 1) / 2,
                    pairs && px + 1 < valid, px + 1 < valid};
 }
 // Part `part` (of 8): k = 4·part … 4·part + 3.
-__device__ __forceinline__ void store_part(const Pending& p, const float* row, int part) {
+__device__ __forceinline__ void store_part(const Pending& p, int part) {
     if (p.y == nullptr) return;
-    // Branch-free over k: a channel pair past the last stores the last one's values again, to the same address.
 #pragma unroll
     for (int k = 4 * part; k < 4 * part + 4; ++k) {
-        const int kk = min(k, p.rows - 1);
-        const float2 v = *reinterpret_cast<const float2*>(row + p.o + kk * 2 * OUT_PITCH);
-        float* yc = p.y + kk * p.step;
+        if (k >= p.rows) return;
+        const float2 v = *reinterpret_cast<const float2*>(p.o + k * 2 * OUT_PITCH);
+        float* yc = p.y + k * p.step;
         if (p.pair) {
             *reinterpret_cast<float2*>(yc) = v;
         } else {
@@ -1810,8 +1794,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     const float b0 = bias[r0], b1 = bias[r0 + 8];
     const uint32_t filt = base + FILTER_OFF;
     const int64_t oplane = static_cast<int64_t>(s.HO) * s.WO;
-    const float* row = reinterpret_cast<const float*>(sm + OUT_OFF + cw * OUT_BYTES);  // this consumer's row
-    Pending pend{nullptr, 0, 0, 0, false, false};  // the last row, staged in shared memory
+    Pending pend{nullptr, nullptr, 0, 0, false, false};  // the last row, staged in shared memory
 // excerpt: consumer
     for (int it = cw, tile = blockIdx.x + cw * gridDim.x; tile < s.tiles_per_cb; it += 2, tile += 2 * gridDim.x) {
         const int st = it % STAGES;
@@ -1824,11 +1807,9 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
 #pragma unroll
         for (int j = 0; j < 16; ++j) acc[4 * j] = acc[4 * j + 1] = b0, acc[4 * j + 2] = acc[4 * j + 3] = b1;
 #pragma unroll
-        for (int g = 0; g < GROUPS; ++g) {
-            issue_group<K3>(d, stage, filt, g * K3);
-#pragma unroll
-            for (int q = 0; q < PARTS_PER_GROUP; ++q)  // while the tensor core multiplies (none in group 0)
-                if (g >= 1) store_part(pend, row, (g - 1) * PARTS_PER_GROUP + q);
+        for (int tap = 0; tap < K3 * K3; ++tap) {
+            issue_tap(d, stage, filt, tap);
+            if (tap >= 1) store_part(pend, tap - 1);  // while the tensor core multiplies (none at tap 0: see above)
             wg_wait<0>();
             add_into(acc, d);
         }
@@ -1845,11 +1826,11 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
                 *reinterpret_cast<float2*>(out + (r0 + 8 * e) * OUT_PITCH + 8 * j + c0) =
                     make_float2(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
-        pend = pending_row(yrow + ow0, min(TILE_W, s.WO - ow0), min(CO_B, s.C_out - co0), oplane, s.y_even, t);
+        pend = pending_row(yrow + ow0, out, min(TILE_W, s.WO - ow0), min(CO_B, s.C_out - co0), oplane, s.y_even, t);
     }
 // end excerpt: consumer
 #pragma unroll
-    for (int part = 0; part < 8; ++part) store_part(pend, row, part);
+    for (int part = 0; part < 8; ++part) store_part(pend, part);
 #endif  // KB_CBW
 }
 
@@ -2548,7 +2529,7 @@ void cbs_config(int* out) {
 namespace cbs {
 
 // The tensor-core convolution's instruction: wgmma where cbw::available, unless mma.sync is asked for
-// (cbs_set_tc_mma_sync: for comparisons; both agree to float32 rounding).
+// (cbs_set_tc_mma_sync: for comparisons; both give bitwise the same output).
 static int g_tc_mma_sync = 0;
 
 cudaError_t tc_uses_wgmma(bool* out) {
@@ -2958,7 +2939,7 @@ void cbs_config(int* out);
 
 // The tensor-core convolution's instruction on the current GPU: bit 0 set for wgmma (an sm_90a build on an sm_90
 // GPU), clear for mma.sync; -1 on an error. mma_sync ≥ 0 first sets whether mma.sync is forced (for comparisons:
-// the two agree to float32 rounding); bit 1 of the result says whether it was forced before the call.
+// the two give bitwise the same output); bit 1 of the result says whether it was forced before the call.
 int cbs_tc_instruction(int mma_sync);
 // The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
 // prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:
@@ -3448,7 +3429,7 @@ std::string conv_bn_scale_math(const torch::Tensor& x, const std::string& math, 
 }
 
 // The tensor-core convolution's instruction on x's GPU: "wgmma" (an sm_90a build on an sm_90 GPU) or "mma.sync";
-// mma_sync = true forces mma.sync from now on (for comparisons: the outputs agree to float32 rounding), false lets the
+// mma_sync = true forces mma.sync from now on (for comparisons: the outputs are bitwise the same), false lets the
 // GPU's default choose again. Returns the instruction the next 3xTF32 convolution uses.
 std::string conv_bn_scale_tc_instruction(const torch::Tensor& x, std::optional<bool> mma_sync) {
     constexpr const char* op = "conv_bn_scale_tc_instruction";
@@ -3503,7 +3484,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           arg("math"));
     m.def("conv_bn_scale_tc_instruction", &conv_bn_scale_tc_instruction,
           "The 3xTF32 convolution's instruction on x's GPU: 'wgmma' (sm_90a build, sm_90 GPU) or 'mma.sync'; "
-          "mma_sync=True forces mma.sync (the same output to float32 rounding), False restores the default",
+          "mma_sync=True forces mma.sync (bitwise the same output), False restores the default",
           arg("x"), arg("mma_sync") = pybind11::none());
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");

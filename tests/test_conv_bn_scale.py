@@ -513,9 +513,8 @@ TC_SHAPES = [(2, 3, 34, 34, 64, 0, 0), (2, 8, 33, 97, 64, 0, 1), (3, 5, 20, 150,
 @pytest.mark.gpu
 def test_wgmma_and_mma_sync_give_the_same_convolution(cbs):
     """On an sm_90 GPU the 3xTF32 convolution runs on wgmma (conv_wgmma.cuh), elsewhere on mma.sync; forced onto
-    mma.sync there it gives the same eval-mode output to float32 rounding (the same split products, joined per
-    filter row on wgmma and per tap on mma.sync), as accurate against float64 (within 1.25×, every output written),
-    and training mode's strategies agree to float32 rounding too."""
+    mma.sync there it gives bitwise the same eval-mode output (the same products, joined in the same order), and
+    training mode's strategies agree to float32 rounding (their statistics use atomics: not bitwise)."""
     x0 = torch.zeros(1, 1, 3, 3, device="cuda")
     default = cbs.conv_bn_scale_tc_instruction(x0)
     if torch.cuda.get_device_capability() != (9, 0):
@@ -540,11 +539,8 @@ def test_wgmma_and_mma_sync_give_the_same_convolution(cbs):
             finally:
                 cbs.conv_bn_scale_tc_instruction(x, mma_sync=False)
         (ew, *tw), (em, *tm) = runs[False], runs[True]
+        assert torch.equal(ew, em), (shape, (ew - em).abs().max().item())
         assert torch.isfinite(ew).all(), shape  # every output written
-        check.assert_close(ew, em.double(), 1e-6, what=f"eval {shape}")
-        ref = F.conv2d(x.double(), wt.double(), b.double())
-        err_w, err_m = (check.report(v, ref, 1.0)["rel_err"] for v in (ew, em))
-        assert err_w <= 1.25 * err_m + 1e-12, (shape, err_w, err_m)
         for a, m in zip(tw, tm, strict=True):
             check.assert_close(a, m.double(), 1e-6, what=f"training {shape}")
     assert cbs.conv_bn_scale_tc_instruction(x0) == "wgmma"  # the default restored

@@ -520,7 +520,7 @@ PATH_NCU_METRICS = [*NCU_METRICS[:3], "sm__pipe_fma_cycles_active.avg.pct_of_pea
 
 def on_mma_sync(ext, x, fn):
     """``fn()`` with conv_bn_scale's tensor-core convolution forced onto ``mma.sync`` for the call (on an sm_90
-    GPU it runs on ``wgmma``; the two agree to float32 rounding): for comparisons."""
+    GPU it runs on ``wgmma``; the two give the same output bits): for comparisons."""
     ext = getattr(ext, "raw", ext)
     ext.conv_bn_scale_tc_instruction(x, mma_sync=True)
     try:
