@@ -38,7 +38,8 @@ for tool in memcheck racecheck initcheck synccheck; do
     compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small > /tmp/san-p27w-$tool.log 2>&1
     echo "p27w $tool rc=$?" >> /tmp/san-p27w-$tool.log ) &
 done
-# the candidate as landed in kernels/ (tests only: the GPU is shared with the sanitizers, nothing is timed)
+# kernels/ as they stand, or as a landing patch applied first leaves them (tests only: the GPU is shared with the
+# sanitizers, nothing is timed)
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv_bn_scale.py tests/test_conv_definition.py \
   > $OUT/pytest-landed.log 2>&1; echo "pytest rc=$?" >> $OUT/pytest-landed.log; tail -3 $OUT/pytest-landed.log
 for v in $CAND; do
