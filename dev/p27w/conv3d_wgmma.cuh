@@ -45,6 +45,10 @@ constexpr int ROWS = 2;                   // output rows per unit (the warpgroup
 constexpr int IN_ROWS = ROWS + KS - 1;    // 5
 constexpr int PITCH = 36;                 // staged row: 32 columns + the 3 a 32-wide window reads past them, + 1
 constexpr int THREADS = 128;
+#ifndef P27W_STAGE
+#define P27W_STAGE 2                      // 2: staged by rows (a warp per row); 1: by elements (the first version)
+#endif
+constexpr int PPW = (DD * IN_ROWS + 3) / 4;  // (depth, row) pairs per warp when staged by rows
 constexpr int STEPS_PER_CI = KS * 2;      // (kd, h)
 constexpr int STEP_FLOATS = 2 * 32 * 4;   // one step's B: [k half][32 rows][4]
 constexpr int PLANE_FLOATS = CI_MAX * DD * IN_ROWS * PITCH;
@@ -114,6 +118,7 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
         f_s[i] = n < 16 ? hi : lo;
     }
     if (t < CO) b_s[t] = bias != nullptr && t < s.C_out ? bias[t] : 0.f;
+    for (int i = t; i < 2 * PLANE_FLOATS; i += THREADS) in_hi[i] = 0.f;  // columns past 32 stay zero
     fence_proxy_async();  // the filter, written by the threads, read by wgmma (the async proxy)
     const uint32_t f_base = static_cast<uint32_t>(__cvta_generic_to_shared(f_s));
     // This thread's rows: r2 = warp / 2 (output row oh0 + r2), columns col0 = 16·(warp % 2) + g and col0 + 8.
@@ -126,6 +131,33 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
         unit_coords(u, s, b, od0, oh0);
         const int nd = min(ND, s.DO - od0);
         __syncthreads();  // the last unit's fragments are read (and the filter written, on the first)
+#if P27W_STAGE == 2
+        // Stage by rows: warp v holds the (depth, row) pairs p = PPW·v … PPW·v + PPW − 1 of every input channel,
+        // lane = column (32 contiguous floats, one 128-byte load per row); columns 32 … PITCH − 1 stay zero from the
+        // start. The pair's indices once per unit, the channel's offset by one addition.
+        {
+            int off[PPW];
+            bool ok[PPW];
+#pragma unroll
+            for (int k = 0; k < PPW; ++k) {
+                const int p = PPW * warp + k, dd = p / IN_ROWS, row = p - dd * IN_ROWS;
+                ok[k] = p < DD * IN_ROWS && od0 + dd < s.D && oh0 + row < s.H && lane < s.W;
+                off[k] = (od0 + dd) * static_cast<int>(plane) + (oh0 + row) * s.W + lane;
+            }
+            const float* xb = x + b * s.C_in * s.D * plane;
+            for (int ci = 0; ci < s.C_in; ++ci, xb += s.D * plane) {
+                float v[PPW];
+#pragma unroll
+                for (int k = 0; k < PPW; ++k) v[k] = ok[k] ? __ldg(xb + off[k]) : 0.f;
+#pragma unroll
+                for (int k = 0; k < PPW; ++k) {
+                    const int p = PPW * warp + k;
+                    if (p < DD * IN_ROWS) split(v[k], in_hi[(ci * DD * IN_ROWS + p) * PITCH + lane],
+                                                in_lo[(ci * DD * IN_ROWS + p) * PITCH + lane]);
+                }
+            }
+        }
+#else
         // Stage depths od0 … od0+nd+2, rows oh0 … oh0+4 of every input channel, split; zeros outside the image.
         const int items = s.C_in * DD * IN_ROWS * PITCH;
         for (int i0 = t; i0 < items; i0 += THREADS * 8) {
@@ -146,6 +178,7 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
                 if (i < items) split(v[q], in_hi[i], in_lo[i]);
             }
         }
+#endif
         __syncthreads();
 
         // Per output depth j: hh, the hi·hi products of the current (ci, h), from zero; sm, every small product
