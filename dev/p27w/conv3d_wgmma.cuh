@@ -48,6 +48,9 @@ constexpr int THREADS = 128;
 #ifndef P27W_STAGE
 #define P27W_STAGE 2                      // 2: staged by rows (a warp per row); 1: by elements (the first version)
 #endif
+#ifndef P27W_DESC
+#define P27W_DESC 2                       // 2: descriptors by one addition per wgmma; 1: recomputed (the first)
+#endif
 constexpr int PPW = (DD * IN_ROWS + 3) / 4;  // (depth, row) pairs per warp when staged by rows
 constexpr int STEPS_PER_CI = KS * 2;      // (kd, h)
 constexpr int STEP_FLOATS = 2 * 32 * 4;   // one step's B: [k half][32 rows][4]
@@ -193,6 +196,8 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
                 acc[j][i] = b_s[8 * (i / 4) + 2 * tq + (i & 1)];
             }
         for (int ci = 0; ci < s.C_in; ++ci) {
+            // The low word of channel ci's K-major descriptor: address >> 4 (bits 0–13), LBO 512 >> 4 (16–29).
+            const uint32_t d_ci = (((f_base + ci * STEPS_PER_CI * STEP_FLOATS * 4) & 0x3ffff) >> 4) | ((512 >> 4) << 16);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 // Every staged depth's A fragment first (rows col0, col0 + 8 of output row oh0 + r2; k = tq at
@@ -217,8 +222,14 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
                         const int kd = dd - j;
                         if (kd < 0 || kd >= KS) continue;  // compile-time: no branch between the wgmmas (a run-time
                                                            // one, j < nd, made ptxas serialise them all: C7511)
+#if P27W_DESC == 2  // the channel's descriptor once, each step's by one 32-bit addition to its address field
+                        const uint32_t lo = d_ci + ((((kd * 2 + h) * STEP_FLOATS) * 4) >> 4);
+                        const uint64_t w_hi = (static_cast<uint64_t>(128 >> 4) << 32) | lo,
+                                       w_lo = (static_cast<uint64_t>(128 >> 4) << 32) | (lo + (256 >> 4));
+#else
                         const uint32_t fb = f_base + (((ci * KS + kd) * 2 + h) * STEP_FLOATS) * 4;
                         const uint64_t w_hi = desc(fb, 512, 128), w_lo = desc(fb + 256, 512, 128);  // rows 16–31
+#endif
                         mma16<1>(sm[j], ah[dd], w_lo);  // the small terms first
                         mma16<1>(sm[j], al[dd], w_hi);
                         if (kd == 0) mma16<0>(hh[j], ah[dd], w_hi);  // compile-time: the group's first step

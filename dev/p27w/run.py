@@ -3,7 +3,7 @@
     python dev/p27w/run.py                 # checks on odd shapes and the definition's classes, then P27's timings
     python dev/p27w/run.py --small         # checks on small shapes only (compute-sanitizer)
     python dev/p27w/run.py --nd 2,3        # builds with P27W_ND = 2 and 3 (output depths per unit)
-    python dev/p27w/run.py --stage 1,2     # staged by elements (the first version) and by rows
+    python dev/p27w/run.py --version 1,2   # the first version and the second (staged by rows, cheaper descriptors)
     python dev/p27w/run.py --ncu           # two launches on P27's input, for Nsight Compute
 
 Checks: y against float64 (beside cuDNN float32, TF32 off) on odd shapes, NaN-free and complete; the sums mode's
@@ -27,11 +27,12 @@ SHAPES = [  # (N, C_in, D, H, W, C_out): P27's channels, a whole P27 sample, odd
     (2, 3, 10, 12, 12, 16), (1, 3, 16, 32, 32, 16), (3, 2, 7, 9, 29, 5), (1, 1, 4, 4, 4, 1), (2, 4, 9, 33, 20, 11)]
 
 
-def build(nd: int, stage: int = 2):
+def build(nd: int, version: int = 2):
     from torch.utils.cpp_extension import load
 
-    return load(name=f"p27w_nd{nd}_s{stage}", sources=[str(HERE / "ext.cu")], extra_include_paths=[str(HERE)],
-                extra_cuda_cflags=["-O3", ARCH, f"-DP27W_ND={nd}", f"-DP27W_STAGE={stage}"], verbose=False)
+    return load(name=f"p27w_nd{nd}_v{version}", sources=[str(HERE / "ext.cu")], extra_include_paths=[str(HERE)],
+                extra_cuda_cflags=["-O3", ARCH, f"-DP27W_ND={nd}", f"-DP27W_STAGE={version}",
+                                   f"-DP27W_DESC={version}"], verbose=False)
 
 
 def checks(mods, small: bool) -> list[dict]:
@@ -102,14 +103,14 @@ def timings(mods) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nd", default="3")
-    ap.add_argument("--stage", default="2", help="staging: 2 by rows, 1 by elements (the first version)")
+    ap.add_argument("--version", default="2", help="2: staged by rows, descriptors by addition; 1: the first")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="two sums-mode launches on P27's input (ncu profiles one)")
     args = ap.parse_args()
     import torch
 
-    mods = {f"nd{nd}s{st}": build(int(nd), int(st)) for nd in args.nd.split(",") for st in args.stage.split(",")}
+    mods = {f"nd{nd}v{v}": build(int(nd), int(v)) for nd in args.nd.split(",") for v in args.version.split(",")}
     if args.build_only:
         return 0
     if args.ncu:
