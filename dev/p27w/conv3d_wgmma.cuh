@@ -23,6 +23,8 @@
 // ND output depths, 2 output rows); it stages a unit's C_in × (ND + 3) × 5 input rows, split, then multiplies: the
 // other blocks on the SM overlap its staging. dev/p27w/emulate.py replays every index on the CPU.
 #pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -46,7 +48,7 @@ constexpr int IN_ROWS = ROWS + KS - 1;    // 5
 constexpr int PITCH = 36;                 // staged row: 32 columns + the 3 a 32-wide window reads past them, + 1
 constexpr int THREADS = 128;
 #ifndef P27W_STAGE
-#define P27W_STAGE 2                      // 2: staged by rows (a warp per row); 1: by elements (the first version)
+#define P27W_STAGE 3  // 3: the bulk tensor copy (rows where W % 4 ≠ 0); 2: staged by rows; 1: by elements (first)
 #endif
 #ifndef P27W_DESC
 #define P27W_DESC 2                       // 2: descriptors by one addition per wgmma; 1: recomputed (the first)
@@ -54,9 +56,15 @@ constexpr int THREADS = 128;
 constexpr int PPW = (DD * IN_ROWS + 3) / 4;  // (depth, row) pairs per warp when staged by rows
 constexpr int STEPS_PER_CI = KS * 2;      // (kd, h)
 constexpr int STEP_FLOATS = 2 * 32 * 4;   // one step's B: [k half][32 rows][4]
-constexpr int PLANE_FLOATS = CI_MAX * DD * IN_ROWS * PITCH;
-constexpr int SMEM_FLOATS = CI_MAX * STEPS_PER_CI * STEP_FLOATS + 2 * PLANE_FLOATS + CO;
-constexpr int SMEM_BYTES = SMEM_FLOATS * 4;  // 32 KB of filter + 2 × 17 KB of input + bias: 3 blocks per SM
+// Shared memory, sized by C_in: the filter [ci][kd][h][k half][32][4] (8 KB a channel); with the bulk copy
+// (stage 3) the raw input box [ci][dd][row][32]; the split planes [ci][dd][row][PITCH], hi then lo; the bias; the
+// copy's barrier. P27 (C_in = 3): 62 KB with the bulk copy, 50 KB without: 3 blocks per SM either way.
+__host__ __device__ constexpr int filter_floats(int c_in) { return c_in * STEPS_PER_CI * STEP_FLOATS; }
+__host__ __device__ constexpr int raw_floats(int c_in, int stage) { return stage == 3 ? c_in * DD * IN_ROWS * 32 : 0; }
+__host__ __device__ constexpr int plane_floats(int c_in) { return c_in * DD * IN_ROWS * PITCH; }
+__host__ __device__ constexpr int smem_bytes(int c_in, int stage) {
+    return (filter_floats(c_in) + raw_floats(c_in, stage) + 2 * plane_floats(c_in) + CO) * 4 + 16;
+}
 
 struct Shape {
     int N, C_in, D, H, W, C_out, DO, HO, WO;
@@ -77,6 +85,27 @@ __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.alig
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// The bulk tensor copy's barrier (PTX ISA: mbarrier, cp.async.bulk.tensor).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+}
+// One box of the 5-d input map (W, H, D, C, N) at (0, h, d, 0, n) into shared memory; zeros outside the tensor.
+__device__ __forceinline__ void tma_load5(const CUtensorMap* map, uint32_t dst, uint32_t bar, int h, int d, int n) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %3, "
+        "%6}], [%2];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(0), "r"(h), "r"(d), "r"(n)
+        : "memory");
+}
 
 // d[64×16] (+)= a[64×8] (registers) · b[8×16] (shared memory); kAcc = 0: from zero.
 template <int kAcc>
@@ -97,15 +126,19 @@ __device__ __forceinline__ void unit_coords(int64_t u, const Shape& s, int64_t& 
 }
 
 // sums: null → write y; else y is unused and sums[(b·C_out + c)·2 + {0, 1}] += Σ 6h, Σ (6h)² (double, zeroed).
+template <int kStage>
 __global__ void __launch_bounds__(THREADS, 3)
 conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-                    float* __restrict__ y, double* __restrict__ sums, Shape s) {
+                    float* __restrict__ y, double* __restrict__ sums, Shape s,
+                    const __grid_constant__ CUtensorMap xmap) {
 #ifdef KB_P27W
     extern __shared__ __align__(128) float smf[];
-    float* f_s = smf;                                               // [ci][kd][h][k half][32][4]
-    float* in_hi = f_s + CI_MAX * STEPS_PER_CI * STEP_FLOATS;        // [ci][dd][row][PITCH]
-    float* in_lo = in_hi + PLANE_FLOATS;
-    float* b_s = in_lo + PLANE_FLOATS;
+    float* f_s = smf;
+    float* raw = f_s + filter_floats(s.C_in);
+    float* in_hi = raw + raw_floats(s.C_in, kStage);
+    float* in_lo = in_hi + plane_floats(s.C_in);
+    float* b_s = in_lo + plane_floats(s.C_in);
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(b_s + CO));
     const int t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, tq = lane % 4;
     // The filter, split: element (ci, kd, h, half, n, kw) is W_hi (n < 16) or W_lo (n ≥ 16) of channel n % 16 at
     // (ci, kd, kh = 2h + half, kw); zeros past C_in and C_out.
@@ -121,7 +154,21 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
         f_s[i] = n < 16 ? hi : lo;
     }
     if (t < CO) b_s[t] = bias != nullptr && t < s.C_out ? bias[t] : 0.f;
-    for (int i = t; i < 2 * PLANE_FLOATS; i += THREADS) in_hi[i] = 0.f;  // columns past 32 stay zero
+    for (int i = t; i < 2 * plane_floats(s.C_in); i += THREADS) in_hi[i] = 0.f;  // columns past 32 stay zero
+    const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+    const uint32_t box_bytes = raw_floats(s.C_in, kStage) * 4;
+    uint32_t parity = 0;
+    if (kStage == 3 && t == 0) {
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        if (blockIdx.x < s.units) {  // the first unit's box
+            int64_t b;
+            int od0, oh0;
+            unit_coords(blockIdx.x, s, b, od0, oh0);
+            mbar_expect_tx(bar, box_bytes);
+            tma_load5(&xmap, raw_s, bar, oh0, od0, static_cast<int>(b));
+        }
+    }
     fence_proxy_async();  // the filter, written by the threads, read by wgmma (the async proxy)
     const uint32_t f_base = static_cast<uint32_t>(__cvta_generic_to_shared(f_s));
     // This thread's rows: r2 = warp / 2 (output row oh0 + r2), columns col0 = 16·(warp % 2) + g and col0 + 8.
@@ -134,7 +181,29 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
         unit_coords(u, s, b, od0, oh0);
         const int nd = min(ND, s.DO - od0);
         __syncthreads();  // the last unit's fragments are read (and the filter written, on the first)
-#if P27W_STAGE == 2
+        if constexpr (kStage == 3) {
+        // The bulk copy brought this unit's box (issued while the last unit multiplied): split it into the planes,
+        // then, once every thread has read it, one thread sends the copy engine for the next unit's box.
+        mbar_wait(bar, parity);
+        parity ^= 1u;
+        {
+            const int items = raw_floats(s.C_in, kStage);
+#pragma unroll 4
+            for (int i = t; i < items; i += THREADS) {
+                const int q = i + 4 * (i >> 5);  // row i / 32, column i % 32 at PITCH 36
+                split(raw[i], in_hi[q], in_lo[q]);
+            }
+        }
+        __syncthreads();
+        if (t == 0 && u + gridDim.x < s.units) {
+            int64_t nb;
+            int nd0, nh0;
+            unit_coords(u + gridDim.x, s, nb, nd0, nh0);
+            fence_proxy_async();  // the threads' reads of the box before the copy engine's writes
+            mbar_expect_tx(bar, box_bytes);
+            tma_load5(&xmap, raw_s, bar, nh0, nd0, static_cast<int>(nb));
+        }
+        } else if constexpr (kStage == 2) {
         // Stage by rows: warp v holds the (depth, row) pairs p = PPW·v … PPW·v + PPW − 1 of every input channel,
         // lane = column (32 contiguous floats, one 128-byte load per row); columns 32 … PITCH − 1 stay zero from the
         // start. The pair's indices once per unit, the channel's offset by one addition.
@@ -160,7 +229,7 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
                 }
             }
         }
-#else
+        } else {
         // Stage depths od0 … od0+nd+2, rows oh0 … oh0+4 of every input channel, split; zeros outside the image.
         const int items = s.C_in * DD * IN_ROWS * PITCH;
         for (int i0 = t; i0 < items; i0 += THREADS * 8) {
@@ -181,8 +250,8 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
                 if (i < items) split(v[q], in_hi[i], in_lo[i]);
             }
         }
-#endif
-        __syncthreads();
+        }
+        if constexpr (kStage != 3) __syncthreads();
 
         // Per output depth j: hh, the hi·hi products of the current (ci, h), from zero; sm, every small product
         // (hi·lo, lo·hi) of all K; acc, the float32 sum of the hh's, from the bias. Register i: row g (+8 if i & 2),
@@ -289,16 +358,43 @@ inline Shape make_shape(int64_t N, int C_in, int D, int H, int W, int C_out) {
     return s;
 }
 
-// C_in ≤ 4, C_out ≤ 16, W ≤ 32; an sm_90 GPU and an sm_90a build.
+// The input as a 5-d map (W, H, D, C, N) read in boxes of (32, IN_ROWS, DD, C_in, 1): a unit's input, zeros past
+// the tensor's edges. The bulk copy needs 16-byte strides (W % 4 == 0) and a 16-byte-aligned x.
+static bool input_map(CUtensorMap* map, const float* x, const Shape& s) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    if (encode == nullptr) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess || q != cudaDriverEntryPointSuccess)
+            return false;
+        encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }
+    if (s.W % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
+    const cuuint64_t dims[5] = {static_cast<cuuint64_t>(s.W), static_cast<cuuint64_t>(s.H),
+                                static_cast<cuuint64_t>(s.D), static_cast<cuuint64_t>(s.C_in),
+                                static_cast<cuuint64_t>(s.N)};
+    const cuuint64_t row = static_cast<cuuint64_t>(s.W) * 4, strides[4] = {row, row * s.H, row * s.H * s.D,
+                                                                           row * s.H * s.D * s.C_in};
+    const cuuint32_t box[5] = {32, IN_ROWS, DD, static_cast<cuuint32_t>(s.C_in), 1}, elem[5] = {1, 1, 1, 1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 5, const_cast<float*>(x), dims, strides, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// C_in ≤ 4, C_out ≤ 16, W ≤ 32 (and W % 4 == 0 with the bulk copy); an sm_90 GPU and an sm_90a build.
 static cudaError_t conv(const float* x, const float* w, const float* b, float* y, double* sums, const Shape& s,
                         int blocks, cudaStream_t stream) {
     if (s.units == 0) return cudaSuccess;
     if (s.C_in < 1 || s.C_in > CI_MAX || s.C_out < 1 || s.C_out > CO || s.W > 32) return cudaErrorInvalidValue;
-    cudaError_t err = cudaFuncSetAttribute(conv3d_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           SMEM_BYTES);
+    CUtensorMap map{};
+    const bool bulk = P27W_STAGE == 3 && input_map(&map, x, s);  // else staged by rows
+    auto kernel = bulk ? conv3d_wgmma_kernel<3> : conv3d_wgmma_kernel<P27W_STAGE == 3 ? 2 : P27W_STAGE>;
+    const int smem = smem_bytes(s.C_in, bulk ? 3 : 2);
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
     const int64_t grid = blocks < s.units ? blocks : s.units;
-    conv3d_wgmma_kernel<<<static_cast<int>(grid), THREADS, SMEM_BYTES, stream>>>(x, w, b, y, sums, s);
+    kernel<<<static_cast<int>(grid), THREADS, smem, stream>>>(x, w, b, y, sums, s, map);
     return cudaGetLastError();
 }
 
