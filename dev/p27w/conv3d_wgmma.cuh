@@ -27,6 +27,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -118,11 +119,14 @@ __device__ __forceinline__ void mma16(float (&d)[8], const uint32_t (&a)[4], uin
 }
 #endif
 
-__device__ __forceinline__ void unit_coords(int64_t u, const Shape& s, int64_t& b, int& od0, int& oh0) {
-    oh0 = static_cast<int>(u % s.rpairs) * ROWS;
-    u /= s.rpairs;
-    od0 = static_cast<int>(u % s.dgroups) * ND;
-    b = u / s.dgroups;
+// Units are counted in 32 bits (the host refuses more than INT_MAX of them): 64-bit divisions cost ≈ 70
+// instructions a unit.
+__device__ __forceinline__ void unit_coords(int u, const Shape& s, int64_t& b, int& od0, int& oh0) {
+    const int q = u / s.rpairs;
+    oh0 = (u - q * s.rpairs) * ROWS;
+    const int n = q / s.dgroups;
+    od0 = (q - n * s.dgroups) * ND;
+    b = n;
 }
 
 // sums: null → write y; else y is unused and sums[(b·C_out + c)·2 + {0, 1}] += Σ 6h, Σ (6h)² (double, zeroed).
@@ -175,7 +179,7 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
     const int r2 = warp / 2, col0 = 16 * (warp % 2) + g;
     const int64_t plane = static_cast<int64_t>(s.H) * s.W;
 
-    for (int64_t u = blockIdx.x; u < s.units; u += gridDim.x) {
+    for (int u = blockIdx.x; u < s.units; u += gridDim.x) {
         int64_t b;
         int od0, oh0;
         unit_coords(u, s, b, od0, oh0);
@@ -188,10 +192,17 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
         parity ^= 1u;
         {
             const int items = raw_floats(s.C_in, kStage);
-#pragma unroll 4
-            for (int i = t; i < items; i += THREADS) {
-                const int q = i + 4 * (i >> 5);  // row i / 32, column i % 32 at PITCH 36
-                split(raw[i], in_hi[q], in_lo[q]);
+#pragma unroll 2
+            for (int i = 4 * t; i < items; i += 4 * THREADS) {  // four columns a thread, 16-byte accesses
+                const int q = i + 4 * (i >> 5);                  // row i / 32, column i % 32 at PITCH 36
+                const float4 v = *reinterpret_cast<const float4*>(raw + i);
+                float4 hi, lo;
+                split(v.x, hi.x, lo.x);
+                split(v.y, hi.y, lo.y);
+                split(v.z, hi.z, lo.z);
+                split(v.w, hi.w, lo.w);
+                *reinterpret_cast<float4*>(in_hi + q) = hi;
+                *reinterpret_cast<float4*>(in_lo + q) = lo;
             }
         }
         __syncthreads();
@@ -386,7 +397,8 @@ static bool input_map(CUtensorMap* map, const float* x, const Shape& s) {
 static cudaError_t conv(const float* x, const float* w, const float* b, float* y, double* sums, const Shape& s,
                         int blocks, cudaStream_t stream) {
     if (s.units == 0) return cudaSuccess;
-    if (s.C_in < 1 || s.C_in > CI_MAX || s.C_out < 1 || s.C_out > CO || s.W > 32) return cudaErrorInvalidValue;
+    if (s.C_in < 1 || s.C_in > CI_MAX || s.C_out < 1 || s.C_out > CO || s.W > 32 || s.units > INT_MAX)
+        return cudaErrorInvalidValue;
     CUtensorMap map{};
     const bool bulk = P27W_STAGE == 3 && input_map(&map, x, s);  // else staged by rows
     auto kernel = bulk ? conv3d_wgmma_kernel<3> : conv3d_wgmma_kernel<P27W_STAGE == 3 ? 2 : P27W_STAGE>;
