@@ -12,15 +12,19 @@ if [ ! -f /tmp/site/.done ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s)
-python3 dev/p27w/run.py --build-only --nd 2,3 --version 1,2,3 > /tmp/build-p27w.log 2>&1 &
+python3 dev/p27w/run.py --build-only --nd 2,3 --version 1,2,3 > /tmp/build-p27w.log 2>&1 &  # not waited for
+p27w_build=$!
+pids=()
 for k in bn_train ceilings conv2d_folded conv3d_gn_mean conv_bn_scale cutlass_conv cutlass_gemm gemm_3xtf32 \
          gemm_wgmma group_stats mappings mma_probe scale; do
   python3 -c "import kernelbook as kb; kb.build.load('$k')" > /tmp/build-$k.log 2>&1 || echo "build $k failed" &
+  pids+=($!)
 done
-wait
+wait "${pids[@]}"
 echo "builds: $(( $(date +%s) - t0 )) s"
 timeout ${SESSION_S:-530} bash scripts/gpu_session.sh /tmp/gs "$@" 2>&1 | tee $OUT/session.log
 if [ $(( $(date +%s) - t0 )) -lt ${P27W_BEFORE:-470} ]; then  # P27's wgmma prototype, if the call has time left
+  wait $p27w_build
   timeout 90 python3 dev/p27w/run.py --nd 2,3 --version 1,2,3 > $OUT/p27w.json 2>&1; grep -A20 timing_ms $OUT/p27w.json
 fi
 echo "total: $(( $(date +%s) - t0 )) s" | tee -a $OUT/session.log
