@@ -30,6 +30,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "../../kernels/conv_wgmma.cuh"
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KB_P27W 1
 #endif
@@ -69,36 +71,23 @@ __host__ __device__ constexpr int smem_bytes(int c_in, int stage) {
 
 struct Shape {
     int N, C_in, D, H, W, C_out, DO, HO, WO;
-    int dgroups, rpairs;  // units per sample: ceil(DO / 4) × ceil(HO / 2)
+    int dgroups, rpairs;  // units per sample: ceil(DO / ND) × ceil(HO / 2)
     int64_t units;
 };
 
 #ifdef KB_P27W
-__device__ __forceinline__ void split(float x, float& hi, float& lo) {
-    hi = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
-    lo = x - hi;
-}
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3fff) << 16) |
-           (static_cast<uint64_t>((sbo >> 4) & 0x3fff) << 32);
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// The landed wgmma convolution's helpers (the split, the descriptor, wgmma's fences, the barrier), shared.
+using cbw::desc;
+using cbw::fence_proxy_async;
+using cbw::mbar_init;
+using cbw::mbar_wait;
+using cbw::split;
+using cbw::wg_commit;
+using cbw::wg_fence;
+__device__ __forceinline__ void wg_wait0() { cbw::wg_wait<0>(); }
 // The bulk tensor copy's barrier (PTX ISA: mbarrier, cp.async.bulk.tensor).
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    while (!done)
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
 }
 // One box of the 5-d input map (W, H, D, C, N) at (0, h, d, 0, n) into shared memory; zeros outside the tensor.
 __device__ __forceinline__ void tma_load5(const CUtensorMap* map, uint32_t dst, uint32_t bar, int h, int d, int n) {
