@@ -13,16 +13,16 @@ t0=$(date +%s)
 python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean')" > /tmp/build-book.log 2>&1 &
 python3 dev/p27w/run.py --build-only --nd 2,3 --version 1,2,3 > $OUT/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
-timeout 150 python3 dev/p27w/run.py --nd 2,3 --version 1,2,3 > $OUT/p27w.json 2>&1; echo "run rc=$?"
+timeout 120 python3 dev/p27w/run.py --nd 2,3 --version 1,2,3 > $OUT/p27w.json 2>&1; echo "run rc=$?"
 tail -1 $OUT/p27w.json; grep -A30 timing_ms $OUT/p27w.json
 echo "timed: $(( $(date +%s) - t0 )) s"
 for tool in memcheck racecheck initcheck synccheck; do
-  ( timeout 200 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small --nd 3 --version 2,3 \
+  ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small --nd 3 --version 2,3 \
       > /tmp/san-$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/san-$tool.log ) &
 done
 wait; tail -n 3 /tmp/san-*.log | tee $OUT/sanitizer.txt
 echo "sanitized: $(( $(date +%s) - t0 )) s"
-timeout 150 ncu --clock-control none -k regex:conv3d -c 4 --section SpeedOfLight --section LaunchStats \
+timeout 100 ncu --clock-control none -k regex:conv3d -c 4 --section SpeedOfLight --section LaunchStats \
   --section Occupancy --section WarpStateStats --section InstructionStats \
   python3 dev/p27w/run.py --ncu --nd 3 --version 2,3 > $OUT/ncu.txt 2>&1; echo "ncu rc=$?"
 grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Registers|Achieved Occ|Executed Ipc|Stall|conv3d" $OUT/ncu.txt | head -40
