@@ -2,7 +2,7 @@
 # dev/adaptive_call.sh — one device call that uses whichever GPU came. On an H200: the landing (dev/land_call.sh on the
 # named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record): dev/p27w's three
 # versions checked and timed, compute-sanitizer's four tools on version 3's small shapes, and Nsight Compute on
-# versions 2 and 3 (sums mode, P27's input). Carry [".whl"].   → $OUT/gpu.txt and the scripts' own files
+# versions 2 and 3 (sums mode, P27's input); and on P73's training-mode moments kernels. Carry [".whl"].   → $OUT/gpu.txt and the scripts' own files
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$gpu" | tee $OUT/gpu.txt
 case "$gpu" in *H200*) exec bash dev/land_call.sh "$@" ;; esac
@@ -10,7 +10,8 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/wheels/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s)
-python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean')" > /tmp/build-book.log 2>&1 &
+python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
+  > $OUT/build-book.log 2>&1 &
 python3 dev/p27w/run.py --build-only --nd 2,3 --version 1,2,3 > $OUT/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
 timeout 120 python3 dev/p27w/run.py --nd 2,3 --version 1,2,3 > $OUT/p27w.json 2>&1; echo "run rc=$?"
@@ -26,4 +27,8 @@ timeout 100 ncu --clock-control none -k regex:conv3d -c 4 --section SpeedOfLight
   --section Occupancy --section WarpStateStats --section InstructionStats \
   python3 dev/p27w/run.py --ncu --nd 3 --version 2,3 > $OUT/ncu.txt 2>&1; echo "ncu rc=$?"
 grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Registers|Achieved Occ|Executed Ipc|Stall|conv3d" $OUT/ncu.txt | head -40
+timeout 60 ncu --clock-control none -k regex:moments -c 4 --section SpeedOfLight --section LaunchStats \
+  --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis python3 dev/moments_probe.py \
+  > $OUT/ncu-moments.txt 2>&1; echo "ncu moments rc=$?"
+grep -E "moments_|Duration|Compute \(SM\) Thro|Memory Thro|Achieved Occ|Registers" $OUT/ncu-moments.txt | head -30
 echo "total: $(( $(date +%s) - t0 )) s"
