@@ -2,7 +2,8 @@
 # dev/adaptive_call.sh — one device call that uses whichever GPU came. On an H200: the landing (dev/land_call.sh on the
 # named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record): dev/p27w's three
 # versions checked and timed, compute-sanitizer's four tools on version 3's small shapes, and Nsight Compute on
-# versions 2 and 3 (sums mode, P27's input); and on P73's training-mode moments kernels. Carry [".whl"].   → $OUT/gpu.txt and the scripts' own files
+# versions 2 and 3 (sums mode, P27's input) and on P73's training-mode moments kernels. Carry [".whl"].
+#   → $OUT/gpu.txt and the scripts' own files
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$gpu" | tee $OUT/gpu.txt
 case "$gpu" in *H200*) exec bash dev/land_call.sh "$@" ;; esac
