@@ -348,6 +348,28 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
 #endif  // KB_P27W
 }
 
+// P27's finish from the sums mode's per-(sample, channel) Σ 6h, Σ (6h)² (double): with m_c = Σh / n and a group's
+// μ_g, var_g (biased, over its channels' n values each), out[b, c] = γ_c·(m_c − μ_g)/√(var_g + ε) + β_c. One
+// thread per (sample, group); in double, so E[h²] − μ² does not cancel where |μ| ≫ σ short of ≈ 1e6.
+__global__ void finish_kernel(const double* __restrict__ sums, const float* __restrict__ gw,
+                              const float* __restrict__ gb, float* __restrict__ out, int N, int C, int groups,
+                              double n, float eps) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * groups) return;
+    const int b = i / groups, g = i % groups, cpg = C / groups;
+    const double* sg = sums + (static_cast<int64_t>(b) * C + g * cpg) * 2;
+    double s1 = 0.0, s2 = 0.0;
+    for (int c = 0; c < cpg; ++c) s1 += sg[2 * c], s2 += sg[2 * c + 1];
+    const double cnt = 6.0 * n * cpg, mu = s1 / cnt, var = fmax(s2 / (6.0 * cnt) - mu * mu, 0.0);
+    const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
+    for (int c = 0; c < cpg; ++c) {
+        const int ch = g * cpg + c;
+        const double m = sg[2 * c] / (6.0 * n);
+        out[static_cast<int64_t>(b) * C + ch] = static_cast<float>((gw ? gw[ch] : 1.f) * (m - mu) * rstd +
+                                                                   (gb ? gb[ch] : 0.f));
+    }
+}
+
 inline Shape make_shape(int64_t N, int C_in, int D, int H, int W, int C_out) {
     Shape s{static_cast<int>(N), C_in, D, H, W, C_out, D - KS + 1, H - KS + 1, W - KS + 1, 0, 0, 0};
     if (s.DO > 0 && s.HO > 0 && s.WO > 0) {

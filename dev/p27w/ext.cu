@@ -22,7 +22,25 @@ torch::Tensor conv3d_wgmma(const torch::Tensor& x, const torch::Tensor& w, const
     return out;
 }
 
+// P27 whole: the sums mode, then finish_kernel (two launches; the 716 MB intermediate is never written).
+torch::Tensor p27_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                          const torch::Tensor& gw, const torch::Tensor& gb, int64_t groups, double eps) {
+    TORCH_CHECK(w.size(0) % groups == 0 && gw.numel() == w.size(0) && gb.numel() == w.size(0), "groups");
+    const torch::Tensor sums = conv3d_wgmma(x, w, b, true, 396);
+    torch::Tensor out = torch::empty({x.size(0), w.size(0)}, x.options());
+    const auto s = p27w::make_shape(x.size(0), x.size(1), x.size(2), x.size(3), x.size(4), w.size(0));
+    const int items = static_cast<int>(x.size(0) * groups);
+    p27w::finish_kernel<<<(items + 127) / 128, 128, 0, c10::cuda::getCurrentCUDAStream().stream()>>>(
+        sums.data_ptr<double>(), gw.data_ptr<float>(), gb.data_ptr<float>(), out.data_ptr<float>(),
+        static_cast<int>(x.size(0)), static_cast<int>(w.size(0)), static_cast<int>(groups),
+        static_cast<double>(s.DO) * s.HO * s.WO, static_cast<float>(eps));
+    const cudaError_t err = cudaGetLastError();
+    TORCH_CHECK(err == cudaSuccess, "finish_kernel: ", cudaGetErrorString(err));
+    return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("conv3d_wgmma", &conv3d_wgmma, pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("b"),
           pybind11::arg("sums") = false, pybind11::arg("blocks") = 396);
+    m.def("p27_forward", &p27_forward);
 }

@@ -7,9 +7,10 @@
     python dev/p27w/run.py --ncu           # two launches on P27's input, for Nsight Compute
 
 Checks: y against float64 (beside cuDNN float32, TF32 off) on odd shapes, NaN-free and complete; the sums mode's
-Σ 6h and Σ (6h)² against the float64 output's. Timings (do_bench medians, P27's full input): the convolution
+Σ 6h and Σ (6h)² against the float64 output's; the whole of P27 (sums mode + finish_kernel) against the float64
+module, beside eager float32. Timings (do_bench medians, P27's full input): the convolution
 written (y, 716 MB), the sums mode (what the fused kernel would do), the book's P27 kernels (FFMA and mma.sync
-3xTF32: the whole problem, with their epilogue), cuDNN's conv3d.
+3xTF32: the whole problem, with their epilogue), the prototype's whole problem, cuDNN's conv3d.
 """
 
 from __future__ import annotations
@@ -62,6 +63,21 @@ def checks(mods, small: bool) -> list[dict]:
             row[name + "_sums_err"] = serr
             row[name + "_ok"] = bool(r["unwritten"] == 0 and torch.isfinite(y).all() and r["rel_err"] <= 2 * lib
                                      and serr <= 1e-4)
+        # The whole of P27 (sums mode + finish) against the float64 module and eager float32 (TF32 off).
+        groups = 4 if k % 4 == 0 else 1
+        gw = check.rand((k,), seed=3, device="cuda", low=0.5, high=1.5)
+        gb = check.rand((k,), seed=4, device="cuda", low=-0.5, high=0.5)
+
+        def whole(y, groups=groups, gw=gw, gb=gb):
+            return F.group_norm(F.hardswish(y), groups, gw.to(y.dtype), gb.to(y.dtype), 1e-5).mean(dim=(2, 3, 4))
+
+        pref = whole(ref)
+        with kb.precision.tf32(False):
+            row["eager_p27_fp32"] = check.report(whole(F.conv3d(x, wt, b)), pref, 1.0)["rel_err"]
+        for name, m in mods.items():
+            e = check.report(m.p27_forward(x, wt, b, gw, gb, groups, 1e-5), pref, 1.0)["rel_err"]
+            row[name + "_p27"] = e
+            row[name + "_ok"] = row[name + "_ok"] and e <= max(2 * row["eager_p27_fp32"], 1e-6)
         rows.append(row)
     return rows
 
@@ -86,6 +102,9 @@ def timings(mods) -> dict:
                                                                rep=300))
             out.setdefault(name + "_sums", []).append(
                 tt.do_bench(lambda mod=mod: mod.conv3d_wgmma(x, wt, b, sums=True), warmup=50, rep=300))
+            out.setdefault(name + "_p27", []).append(tt.do_bench(
+                lambda mod=mod: mod.p27_forward(x, wt, b, gn.weight, gn.bias, gn.num_groups, gn.eps), warmup=50,
+                rep=300))
         for math in ("fp32", "3xtf32"):
             out.setdefault(f"book_p27_{math}", []).append(tt.do_bench(
                 lambda math=math: ext.p27_forward(x, wt, b, gn.weight, gn.bias, gn.num_groups, gn.eps, None,
@@ -96,6 +115,13 @@ def timings(mods) -> dict:
     ref = F.conv3d(x[:8].double(), wt.double(), b.double())
     out["error_8_samples"] = {n: kb.check.report(mod.conv3d_wgmma(x[:8].contiguous(), wt, b), ref, 1.0)["rel_err"]
                               for n, mod in mods.items()}
+    x64 = x[:64].contiguous()  # the whole problem's error on 64 samples, against the float64 module
+    pref = p.model(seed=0).cuda().double()(x64.double())
+    args = (wt, b, gn.weight, gn.bias, gn.num_groups, gn.eps)
+    out["error_p27"] = {n: kb.check.report(mod.p27_forward(x64, *args), pref, 1.0)["rel_err"]
+                        for n, mod in mods.items()}
+    out["error_p27_book"] = {m: kb.check.report(ext.p27_forward(x64, *args, None, math=m), pref, 1.0)["rel_err"]
+                             for m in ("fp32", "3xtf32")}
     torch.cuda.synchronize()
     return out
 
