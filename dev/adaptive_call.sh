@@ -2,7 +2,8 @@
 # dev/adaptive_call.sh — one device call that uses whichever GPU came. On an H200: the landing (dev/land_call.sh on the
 # named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record): dev/p27w's three
 # versions checked and timed, compute-sanitizer's four tools on version 3's small shapes, and Nsight Compute on
-# versions 2 and 3 (sums mode, P27's input) and on P73's training-mode moments kernels. Carry [".whl"].
+# versions 2 and 3 (sums mode, P27's input) and on P73's training-mode moments kernels; dev/mw (the moments' lag
+# sums on wgmma) checked, timed and sanitized. Carry [".whl"].
 #   → $OUT/gpu.txt and the scripts' own files
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$gpu" | tee $OUT/gpu.txt
@@ -13,14 +14,19 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcach
 t0=$(date +%s)
 python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
   > $OUT/build-book.log 2>&1 &
+python3 dev/mw/run.py --build-only --kg 1,2 > $OUT/build-mw.log 2>&1 &
 python3 dev/p27w/run.py --build-only --nd 2,3 --version 1,2,3 > $OUT/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
 timeout 120 python3 dev/p27w/run.py --nd 2,3 --version 1,2,3 > $OUT/p27w.json 2>&1; echo "run rc=$?"
 tail -1 $OUT/p27w.json; grep -A30 timing_ms $OUT/p27w.json
+timeout 90 python3 dev/mw/run.py --kg 1,2 > $OUT/mw.json 2>&1; echo "mw rc=$?"; tail -1 $OUT/mw.json
+grep -A8 '"timing_ms"\|"book_us"\|p73_16' $OUT/mw.json | head -30
 echo "timed: $(( $(date +%s) - t0 )) s"
 for tool in memcheck racecheck initcheck synccheck; do
   ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small --nd 3 --version 2,3 \
       > /tmp/san-$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/san-$tool.log ) &
+  ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/mw/run.py --small --kg 2 \
+      > /tmp/san-mw-$tool.log 2>&1; echo "mw $tool rc=$?" >> /tmp/san-mw-$tool.log ) &
 done
 wait; tail -n 3 /tmp/san-*.log | tee $OUT/sanitizer.txt
 echo "sanitized: $(( $(date +%s) - t0 )) s"
