@@ -82,6 +82,33 @@ def checks(mods, small: bool) -> list[dict]:
     return rows
 
 
+def shift_checks(mods) -> list[dict]:
+    """The whole of P27 on 8 of its samples shifted by ±1000 (the definition's shifted class), against the float64
+    module and eager float32 (TF32 off)."""
+    import torch
+
+    import kernelbook as kb
+    from kernelbook import check
+
+    p = kb.problems.P27_CONV3D_GN_MEAN
+    m = p.model(seed=0).cuda()
+    m64 = p.model(seed=0).cuda().double()
+    c, gn = m.conv, m.group_norm
+    args = (c.weight.detach(), c.bias.detach(), gn.weight.detach(), gn.bias.detach(), gn.num_groups, gn.eps)
+    rows = []
+    for shift in (1e3, -1e3):
+        x = (p.inputs(seed=5, batch=8).cuda() + shift).contiguous()
+        ref = m64(x.double())
+        with kb.precision.tf32(False):
+            row = {"shift": shift, "eager_fp32": check.report(m(x), ref, 1.0)["rel_err"]}
+        for name, mod in mods.items():
+            e = check.report(mod.p27_forward(x, *args), ref, 1.0)["rel_err"]
+            row[name + "_p27"] = e
+            row[name + "_ok"] = bool(e <= max(2 * row["eager_fp32"], 1e-6) and torch.isfinite(torch.tensor(e)))
+        rows.append(row)
+    return rows
+
+
 def timings(mods) -> dict:
     import torch
     import torch.nn.functional as F
@@ -153,6 +180,8 @@ def main() -> int:
         return 0
     with torch.no_grad():
         res = {"checks": checks(mods, args.small)}
+        if not args.small:
+            res["checks"] += shift_checks(mods)
         if not args.small:
             res["timing_ms"] = timings(mods)
     print(json.dumps(res, indent=1))
