@@ -38,4 +38,7 @@ timeout 60 ncu --clock-control none -k regex:moments -c 4 --section SpeedOfLight
   --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis python3 dev/moments_probe.py \
   > $OUT/ncu-moments.txt 2>&1; echo "ncu moments rc=$?"
 grep -E "moments_|Duration|Compute \(SM\) Thro|Memory Thro|Achieved Occ|Registers" $OUT/ncu-moments.txt | head -30
+timeout 60 ncu --clock-control none -k regex:moments_wgmma -c 1 --section SpeedOfLight --section WarpStateStats \
+  --section MemoryWorkloadAnalysis python3 dev/mw/run.py --ncu --kg 2 > $OUT/ncu-mw.txt 2>&1; echo "ncu mw rc=$?"
+grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Stall" $OUT/ncu-mw.txt | head -12
 echo "total: $(( $(date +%s) - t0 )) s"
