@@ -4,7 +4,7 @@
 # tools over every workload; the GPU-evidence record). Run from the repository root on the device with the wheels
 # carried in .whl/wheels (carry [".whl"]); KERNELBOOK_COMMIT names the commit the tree was sent at.
 #   bash dev/land_call.sh 07_capstone_conv_bn_scale      → $OUT/session.log, $OUT/records.tgz (results/, logs)
-# and, where the call has time left, dev/p27w's prototype checked and timed ($OUT/p27w.json).
+# and, where the call has time left, dev/p27w's prototype checked and timed ($OUT/p27w.json), then dev/mw's ($OUT/mw.json).
 set -o pipefail
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/wheels/*.whl || exit 3
@@ -14,6 +14,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcach
 t0=$(date +%s)
 python3 dev/p27w/run.py --build-only --nd 2,3 --version 1,2,3 > /tmp/build-p27w.log 2>&1 &  # not waited for
 p27w_build=$!
+python3 dev/mw/run.py --build-only --kg 1,2 > /tmp/build-mw.log 2>&1 &
+mw_build=$!
 pids=()
 for k in bn_train ceilings conv2d_folded conv3d_gn_mean conv_bn_scale cutlass_conv cutlass_gemm gemm_3xtf32 \
          gemm_wgmma group_stats mappings mma_probe scale; do
@@ -26,6 +28,10 @@ timeout ${SESSION_S:-530} bash scripts/gpu_session.sh /tmp/gs "$@" 2>&1 | tee $O
 if [ $(( $(date +%s) - t0 )) -lt ${P27W_BEFORE:-470} ]; then  # P27's wgmma prototype, if the call has time left
   wait $p27w_build
   timeout 90 python3 dev/p27w/run.py --nd 2,3 --version 1,2,3 > $OUT/p27w.json 2>&1; grep -A20 timing_ms $OUT/p27w.json
+fi
+if [ $(( $(date +%s) - t0 )) -lt ${MW_BEFORE:-530} ]; then  # the moments' lag sums on wgmma, if time is left
+  wait $mw_build
+  timeout 60 python3 dev/mw/run.py --kg 1,2 > $OUT/mw.json 2>&1; tail -1 $OUT/mw.json
 fi
 echo "total: $(( $(date +%s) - t0 )) s" | tee -a $OUT/session.log
 tar czf $OUT/records.tgz results -C /tmp/gs nvidia-smi.csv pytest-gpu.log notebooks.log $(cd /tmp/gs && ls sanitizer-* 2>/dev/null)
