@@ -219,10 +219,9 @@ def main() -> int:
         if not args.small:
             res["timing_ms"] = timings(mods, cbs)
     torch.cuda.synchronize()
-    print(json.dumps(res, indent=1))
-    ok = all(r[k] for r in res["checks"] for k in r if k.endswith("_ok"))
-    print("ALL OK" if ok else "FAILED")
-    return 0 if ok else 1
+    from dev.report import finish
+
+    return finish(res)
 
 
 if __name__ == "__main__":

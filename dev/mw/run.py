@@ -13,7 +13,6 @@ max over the sums); the same for float32 sums by torch (TF32 off) as a yardstick
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -173,10 +172,9 @@ def main() -> int:
         for n, m in mods.items():
             acc = m.mw_sums(x[:16].contiguous()).cpu()
             res["p73_16_errors"][n] = errors({k: acc[combo(*k) * SLOTS].item() for k in ref}, ref, mag)
-    print(json.dumps(res, indent=1))
-    ok = all(r[k] for r in res["checks"] for k in r if k.endswith("_ok"))
-    print("ALL OK" if ok else "FAILED")
-    return 0 if ok else 1
+    from dev.report import finish
+
+    return finish(res)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ written (y, 716 MB), the sums mode (what the fused kernel would do), the book's 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -184,10 +183,9 @@ def main() -> int:
             res["checks"] += shift_checks(mods)
         if not args.small:
             res["timing_ms"] = timings(mods)
-    print(json.dumps(res, indent=1))
-    ok = all(r[k] for r in res["checks"] for k in r if k.endswith("_ok"))
-    print("ALL OK" if ok else "FAILED")
-    return 0 if ok else 1
+    from dev.report import finish
+
+    return finish(res)
 
 
 if __name__ == "__main__":
