@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dev/adaptive_call.sh — one device call that uses whichever GPU came. On an H200: the landing (dev/land_call.sh on the
-# named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record): dev/p27w's three
-# versions checked and timed, compute-sanitizer's four tools on version 3's small shapes, and Nsight Compute on
+# named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record): dev/p27w's
+# versions 2 and 3 checked and timed (P27W_ND, P27W_VERSIONS), compute-sanitizer (SAN_TOOLS: memcheck and
+# racecheck) on their small shapes, and Nsight Compute on
 # versions 2 and 3 (sums mode, P27's input) and on P73's training-mode moments kernels; dev/mw (the moments' lag
 # sums on wgmma) checked, timed and sanitized. Carry [".whl"].
 #   → $OUT/gpu.txt and the scripts' own files
@@ -12,33 +13,34 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/wheels/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s)
+ND=${P27W_ND:-3} VERS=${P27W_VERSIONS:-2,3} KG=${MW_KG:-2} TOOLS=${SAN_TOOLS:-memcheck racecheck}
 python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
   > $OUT/build-book.log 2>&1 &
-python3 dev/mw/run.py --build-only --kg 1,2 > $OUT/build-mw.log 2>&1 &
-python3 dev/p27w/run.py --build-only --nd 2,3 --version 1,2,3 > $OUT/build-p27w.log 2>&1; wait
+python3 dev/mw/run.py --build-only --kg $KG > $OUT/build-mw.log 2>&1 &
+python3 dev/p27w/run.py --build-only --nd $ND --version $VERS > $OUT/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
-timeout 120 python3 dev/p27w/run.py --nd 2,3 --version 1,2,3 > $OUT/p27w.json 2>&1; echo "run rc=$?"
+timeout 120 python3 dev/p27w/run.py --nd $ND --version $VERS > $OUT/p27w.json 2>&1; echo "run rc=$?"
 tail -1 $OUT/p27w.json; grep -A30 timing_ms $OUT/p27w.json
-timeout 90 python3 dev/mw/run.py --kg 1,2 > $OUT/mw.json 2>&1; echo "mw rc=$?"; tail -1 $OUT/mw.json
+timeout 90 python3 dev/mw/run.py --kg $KG > $OUT/mw.json 2>&1; echo "mw rc=$?"; tail -1 $OUT/mw.json
 grep -A8 '"timing_ms"\|"book_us"\|p73_16' $OUT/mw.json | head -30
 echo "timed: $(( $(date +%s) - t0 )) s"
-for tool in memcheck racecheck initcheck synccheck; do
-  ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small --nd 3 --version 2,3 \
+for tool in $TOOLS; do
+  ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small --nd $ND --version $VERS \
       > /tmp/san-$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/san-$tool.log ) &
-  ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/mw/run.py --small --kg 2 \
+  ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/mw/run.py --small --kg $KG \
       > /tmp/san-mw-$tool.log 2>&1; echo "mw $tool rc=$?" >> /tmp/san-mw-$tool.log ) &
 done
 wait; tail -n 3 /tmp/san-*.log | tee $OUT/sanitizer.txt
 echo "sanitized: $(( $(date +%s) - t0 )) s"
 timeout 100 ncu --clock-control none -k regex:conv3d -c 4 --section SpeedOfLight --section LaunchStats \
   --section Occupancy --section WarpStateStats --section InstructionStats \
-  python3 dev/p27w/run.py --ncu --nd 3 --version 2,3 > $OUT/ncu.txt 2>&1; echo "ncu rc=$?"
+  python3 dev/p27w/run.py --ncu --nd $ND --version $VERS > $OUT/ncu.txt 2>&1; echo "ncu rc=$?"
 grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Registers|Achieved Occ|Executed Ipc|Stall|conv3d" $OUT/ncu.txt | head -40
 timeout 60 ncu --clock-control none -k regex:moments -c 4 --section SpeedOfLight --section LaunchStats \
   --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis python3 dev/moments_probe.py \
   > $OUT/ncu-moments.txt 2>&1; echo "ncu moments rc=$?"
 grep -E "moments_|Duration|Compute \(SM\) Thro|Memory Thro|Achieved Occ|Registers" $OUT/ncu-moments.txt | head -30
 timeout 60 ncu --clock-control none -k regex:moments_wgmma -c 1 --section SpeedOfLight --section WarpStateStats \
-  --section MemoryWorkloadAnalysis python3 dev/mw/run.py --ncu --kg 2 > $OUT/ncu-mw.txt 2>&1; echo "ncu mw rc=$?"
+  --section MemoryWorkloadAnalysis python3 dev/mw/run.py --ncu --kg $KG > $OUT/ncu-mw.txt 2>&1; echo "ncu mw rc=$?"
 grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Stall" $OUT/ncu-mw.txt | head -12
 echo "total: $(( $(date +%s) - t0 )) s"
