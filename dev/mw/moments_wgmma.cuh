@@ -106,10 +106,10 @@ __device__ __forceinline__ void tile_coords(int tile, const Shape& s, int& n, in
     n = tile / s.row_tiles;
 }
 
-// The producer's loads of one tile: raw value e = (ch·AROWS + row)·RAW_W + col is x̃_ch at image row r0 − 2 + row,
-// column c0 − 4 + col (zero outside the image and for channels ≥ C).
-__device__ __forceinline__ void load_raw(float (&v)[PER], const float* __restrict__ x, const Shape& s,
-                                         const float* piv, int n, int r0, int c0, int t) {
+// The producer's loads of one tile: raw value e = (ch·AROWS + row)·RAW_W + col is x_ch at image row r0 − 2 + row,
+// column c0 − 4 + col (zero outside the image and for channels ≥ C; bit k of mask: value k is inside).
+__device__ __forceinline__ void load_raw(float (&v)[PER], uint32_t& mask, const float* __restrict__ x,
+                                         const Shape& s, int n, int r0, int c0, int t) {
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
         const int e = t + 128 * k;
@@ -117,7 +117,17 @@ __device__ __forceinline__ void load_raw(float (&v)[PER], const float* __restric
         const int row = r0 - 2 + rest / RAW_W, col = c0 - 4 + rest % RAW_W;
         const bool in = e < RAW_FLOATS && ch < s.C && row >= 0 && row < s.H && col >= 0 && col < s.W;
         v[k] = in ? __ldg(x + ((static_cast<int64_t>(n) * s.C + ch) * s.H + row) * s.W + col) : 0.f;
-        if (in) v[k] -= piv[ch];
+        mask = k == 0 ? static_cast<uint32_t>(in) : mask | static_cast<uint32_t>(in) << k;
+    }
+}
+
+// The raw values into shared memory, pivot-shifted where inside the image (`mask` from load_raw): the shift waits
+// for the loads, so it happens here, after the previous tile's split, not in load_raw.
+__device__ __forceinline__ void store_raw(float* raw, const float (&v)[PER], uint32_t mask, const float* piv, int t) {
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        const int e = t + 128 * k;
+        if (e < RAW_FLOATS) raw[e] = (mask >> k & 1u) ? v[k] - piv[e / (AROWS * RAW_W)] : 0.f;
     }
 }
 
@@ -181,23 +191,23 @@ moments_wgmma_kernel(const float* __restrict__ x, Shape s, double* __restrict__ 
     if (wg == 0) {  // the producer
         float* raw = reinterpret_cast<float*>(sm + RAW_OFF);
         float v[PER];
+        uint32_t mask = 0;
+        static_assert(PER <= 32, "one mask bit per loaded value");
         double s1d = 0.0;
         int it = 0, tile = blockIdx.x;
         if (tile < s.tiles) {
             int n, r0, c0;
             tile_coords(tile, s, n, r0, c0);
-            load_raw(v, x, s, piv, n, r0, c0, t);
+            load_raw(v, mask, x, s, n, r0, c0, t);
         }
         for (; tile < s.tiles; tile += gridDim.x, ++it) {
             asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the last tile's raw values are split
-#pragma unroll
-            for (int k = 0; k < PER; ++k)
-                if (t + 128 * k < RAW_FLOATS) raw[t + 128 * k] = v[k];
+            store_raw(raw, v, mask, piv, t);
             asm volatile("bar.sync 1, 128;\n" ::: "memory");
             if (tile + gridDim.x < s.tiles) {  // the next tile's loads fly while this one is split
                 int n, r0, c0;
                 tile_coords(tile + gridDim.x, s, n, r0, c0);
-                load_raw(v, x, s, piv, n, r0, c0, t);
+                load_raw(v, mask, x, s, n, r0, c0, t);
             }
             const int st = it % STAGES;
             mbar_wait(bars + 8 * (STAGES + st), ((it / STAGES) & 1) ^ 1);

@@ -70,6 +70,9 @@ def checks(mods, small: bool) -> list[dict]:
         def whole(y, groups=groups, gw=gw, gb=gb):
             return F.group_norm(F.hardswish(y), groups, gw.to(y.dtype), gb.to(y.dtype), 1e-5).mean(dim=(2, 3, 4))
 
+        if ref[0, :1].numel() * (k // groups) < 2:  # one value a group: GroupNorm is undefined
+            rows.append(row)
+            continue
         pref = whole(ref)
         with kb.precision.tf32(False):
             row["eager_p27_fp32"] = check.report(whole(F.conv3d(x, wt, b)), pref, 1.0)["rel_err"]
