@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # dev/adaptive_call.sh — one device call that uses whichever GPU came. On an H200: the landing (dev/land_call.sh on the
-# named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record): dev/p27w's
-# versions 2 and 3 checked and timed (P27W_ND, P27W_VERSIONS), compute-sanitizer (SAN_TOOLS: memcheck and
-# racecheck) on their small shapes, and Nsight Compute on
-# versions 2 and 3 (sums mode, P27's input) and on P73's training-mode moments kernels; dev/mw (the moments' lag
-# sums on wgmma) checked, timed and sanitized. Carry [".whl"].
-#   → $OUT/gpu.txt and the scripts' own files
+# named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record), ≈ 210 s:
+# dev/p27w's versions (P27W_ND, P27W_VERSIONS: 3; 2,3) and dev/mw (MW_KG: 2) checked and timed, compute-sanitizer
+# (SAN_TOOLS: memcheck racecheck) on their small shapes, and Nsight Compute on both and on the book's moments
+# kernels (dev/moments_probe.py). Carry [".whl"].   → $OUT/gpu.txt and the scripts' own files
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$gpu" | tee $OUT/gpu.txt
 case "$gpu" in *H200*) exec bash dev/land_call.sh "$@" ;; esac
