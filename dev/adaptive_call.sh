@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # dev/adaptive_call.sh — one device call that uses whichever GPU came. On an H200: the landing (dev/land_call.sh on the
 # named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record), ≈ 210 s:
-# dev/p27w's versions (P27W_ND, P27W_VERSIONS: 3; 2,3) and dev/mw (MW_KG: 2) checked and timed, compute-sanitizer
-# (SAN_TOOLS: memcheck racecheck) on their small shapes, and Nsight Compute on both and on the book's moments
-# kernels (dev/moments_probe.py). Carry [".whl"].   → $OUT/gpu.txt and the scripts' own files
+# dev/p27w's versions (P27W_ND, P27W_VERSIONS: 3; 2,3), dev/mw (MW_KG: 2) and dev/edge checked and timed,
+# compute-sanitizer (SAN_TOOLS: memcheck racecheck) on their small shapes, and Nsight Compute on p27w, mw and the
+# book's moments kernels (dev/moments_probe.py). Carry [".whl"].   → $OUT/gpu.txt and the scripts' own files
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$gpu" | tee $OUT/gpu.txt
 case "$gpu" in *H200*) exec bash dev/land_call.sh "$@" ;; esac
@@ -15,16 +15,21 @@ ND=${P27W_ND:-3} VERS=${P27W_VERSIONS:-2,3} KG=${MW_KG:-2} TOOLS=${SAN_TOOLS:-me
 python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
   > $OUT/build-book.log 2>&1 &
 python3 dev/mw/run.py --build-only --kg $KG > $OUT/build-mw.log 2>&1 &
+python3 dev/edge/run.py --build-only > $OUT/build-edge.log 2>&1 &
 python3 dev/p27w/run.py --build-only --nd $ND --version $VERS > $OUT/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
 timeout 120 python3 dev/p27w/run.py --nd $ND --version $VERS > $OUT/p27w.json 2>&1; echo "run rc=$?"
 tail -1 $OUT/p27w.json; grep -A30 timing_ms $OUT/p27w.json
 timeout 90 python3 dev/mw/run.py --kg $KG > $OUT/mw.json 2>&1; echo "mw rc=$?"; tail -1 $OUT/mw.json
 grep -A8 '"timing_ms"\|"book_us"\|p73_16' $OUT/mw.json | head -30
+timeout 60 python3 dev/edge/run.py > $OUT/edge.json 2>&1; echo "edge rc=$?"; tail -1 $OUT/edge.json
+grep -A7 '"timing_ms"' $OUT/edge.json
 echo "timed: $(( $(date +%s) - t0 )) s"
 for tool in $TOOLS; do
   ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small --nd $ND --version $VERS \
       > /tmp/san-$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/san-$tool.log ) &
+  ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/edge/run.py --small \
+      > /tmp/san-edge-$tool.log 2>&1; echo "edge $tool rc=$?" >> /tmp/san-edge-$tool.log ) &
   ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/mw/run.py --small --kg $KG \
       > /tmp/san-mw-$tool.log 2>&1; echo "mw $tool rc=$?" >> /tmp/san-mw-$tool.log ) &
 done

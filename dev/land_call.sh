@@ -16,6 +16,8 @@ python3 dev/p27w/run.py --build-only --nd 2,3 --version 1,2,3 > /tmp/build-p27w.
 p27w_build=$!
 python3 dev/mw/run.py --build-only --kg 1,2 > /tmp/build-mw.log 2>&1 &
 mw_build=$!
+python3 dev/edge/run.py --build-only > /tmp/build-edge.log 2>&1 &
+edge_build=$!
 pids=()
 for k in bn_train ceilings conv2d_folded conv3d_gn_mean conv_bn_scale cutlass_conv cutlass_gemm gemm_3xtf32 \
          gemm_wgmma group_stats mappings mma_probe scale; do
@@ -32,6 +34,10 @@ fi
 if [ $(( $(date +%s) - t0 )) -lt ${MW_BEFORE:-530} ]; then  # the moments' lag sums on wgmma, if time is left
   wait $mw_build
   timeout 60 python3 dev/mw/run.py --kg 1,2 > $OUT/mw.json 2>&1; tail -1 $OUT/mw.json
+fi
+if [ $(( $(date +%s) - t0 )) -lt ${EDGE_BEFORE:-560} ]; then  # the border sums, S samples a block
+  wait $edge_build
+  timeout 30 python3 dev/edge/run.py > $OUT/edge.json 2>&1; tail -1 $OUT/edge.json
 fi
 echo "total: $(( $(date +%s) - t0 )) s" | tee -a $OUT/session.log
 tar czf $OUT/records.tgz results -C /tmp/gs nvidia-smi.csv pytest-gpu.log notebooks.log $(cd /tmp/gs && ls sanitizer-* 2>/dev/null)
