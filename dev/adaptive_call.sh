@@ -3,28 +3,34 @@
 # named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record), ≈ 210 s:
 # dev/p27w's versions (P27W_ND, P27W_VERSIONS: 3; 2,3), dev/mw (MW_KG: 2) and dev/edge checked and timed,
 # compute-sanitizer (SAN_TOOLS: memcheck racecheck) on their small shapes, and Nsight Compute on p27w, mw and the
-# book's moments kernels (dev/moments_probe.py). Carry [".whl"].   → $OUT/gpu.txt and the scripts' own files
+# book's moments kernels (dev/moments_probe.py); the tree's conv_bn_scale GPU tests, eval's guard by kernel
+# (dev/guard_probe.py) and memcheck on its workload. Carry [".whl"].   → $OUT/gpu.txt, $OUT/lean.tgz (every log)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$gpu" | tee $OUT/gpu.txt
 case "$gpu" in *H200*) exec bash dev/land_call.sh "$@" ;; esac
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/wheels/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-t0=$(date +%s)
+t0=$(date +%s) O=/tmp/o; mkdir -p $O
 ND=${P27W_ND:-3} VERS=${P27W_VERSIONS:-2,3} KG=${MW_KG:-2} TOOLS=${SAN_TOOLS:-memcheck racecheck}
 python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
-  > $OUT/build-book.log 2>&1 &
-python3 dev/mw/run.py --build-only --kg $KG > $OUT/build-mw.log 2>&1 &
-python3 dev/edge/run.py --build-only > $OUT/build-edge.log 2>&1 &
-python3 dev/p27w/run.py --build-only --nd $ND --version $VERS > $OUT/build-p27w.log 2>&1; wait
+  > $O/build-book.log 2>&1 &
+python3 dev/mw/run.py --build-only --kg $KG > $O/build-mw.log 2>&1 &
+python3 dev/edge/run.py --build-only > $O/build-edge.log 2>&1 &
+python3 dev/p27w/run.py --build-only --nd $ND --version $VERS > $O/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
-timeout 120 python3 dev/p27w/run.py --nd $ND --version $VERS > $OUT/p27w.json 2>&1; echo "run rc=$?"
-tail -1 $OUT/p27w.json; grep -A30 timing_ms $OUT/p27w.json
-timeout 90 python3 dev/mw/run.py --kg $KG > $OUT/mw.json 2>&1; echo "mw rc=$?"; tail -1 $OUT/mw.json
-grep -A8 '"timing_ms"\|"book_us"\|p73_16' $OUT/mw.json | head -30
-timeout 60 python3 dev/edge/run.py > $OUT/edge.json 2>&1; echo "edge rc=$?"; tail -1 $OUT/edge.json
-grep -A7 '"timing_ms"' $OUT/edge.json
+timeout 120 python3 dev/p27w/run.py --nd $ND --version $VERS > $O/p27w.json 2>&1; echo "run rc=$?"
+tail -1 $O/p27w.json; grep -A30 timing_ms $O/p27w.json
+timeout 90 python3 dev/mw/run.py --kg $KG > $O/mw.json 2>&1; echo "mw rc=$?"; tail -1 $O/mw.json
+grep -A8 '"timing_ms"\|"book_us"\|p73_16' $O/mw.json | head -30
+timeout 60 python3 dev/edge/run.py > $O/edge.json 2>&1; echo "edge rc=$?"; tail -1 $O/edge.json
+grep -A7 '"timing_ms"' $O/edge.json
+timeout 60 python3 dev/guard_probe.py > $O/guard.json 2>&1; echo "guard rc=$?"; tail -2 $O/guard.json
 echo "timed: $(( $(date +%s) - t0 )) s"
+( timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv_bn_scale.py tests/test_conv_definition.py \
+    > $O/pytest-gpu.log 2>&1; echo "pytest rc=$?" >> $O/pytest-gpu.log ) &
+( timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize.py conv_bn_scale \
+    > /tmp/san-book-memcheck.log 2>&1; echo "book memcheck rc=$?" >> /tmp/san-book-memcheck.log ) &
 for tool in $TOOLS; do
   ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small --nd $ND --version $VERS \
       > /tmp/san-$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/san-$tool.log ) &
@@ -33,17 +39,18 @@ for tool in $TOOLS; do
   ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/mw/run.py --small --kg $KG \
       > /tmp/san-mw-$tool.log 2>&1; echo "mw $tool rc=$?" >> /tmp/san-mw-$tool.log ) &
 done
-wait; tail -n 3 /tmp/san-*.log | tee $OUT/sanitizer.txt
+wait; tail -n 3 /tmp/san-*.log | tee $O/sanitizer.txt; tail -n 4 $O/pytest-gpu.log
 echo "sanitized: $(( $(date +%s) - t0 )) s"
 timeout 100 ncu --clock-control none -k regex:conv3d -c 4 --section SpeedOfLight --section LaunchStats \
   --section Occupancy --section WarpStateStats --section InstructionStats \
-  python3 dev/p27w/run.py --ncu --nd $ND --version $VERS > $OUT/ncu.txt 2>&1; echo "ncu rc=$?"
-grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Registers|Achieved Occ|Executed Ipc|Stall|conv3d" $OUT/ncu.txt | head -40
+  python3 dev/p27w/run.py --ncu --nd $ND --version $VERS > $O/ncu.txt 2>&1; echo "ncu rc=$?"
+grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Registers|Achieved Occ|Executed Ipc|Stall|conv3d" $O/ncu.txt | head -40
 timeout 60 ncu --clock-control none -k regex:moments -c 4 --section SpeedOfLight --section LaunchStats \
   --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis python3 dev/moments_probe.py \
-  > $OUT/ncu-moments.txt 2>&1; echo "ncu moments rc=$?"
-grep -E "moments_|Duration|Compute \(SM\) Thro|Memory Thro|Achieved Occ|Registers" $OUT/ncu-moments.txt | head -30
+  > $O/ncu-moments.txt 2>&1; echo "ncu moments rc=$?"
+grep -E "moments_|Duration|Compute \(SM\) Thro|Memory Thro|Achieved Occ|Registers" $O/ncu-moments.txt | head -30
 timeout 60 ncu --clock-control none -k regex:moments_wgmma -c 1 --section SpeedOfLight --section WarpStateStats \
-  --section MemoryWorkloadAnalysis python3 dev/mw/run.py --ncu --kg $KG > $OUT/ncu-mw.txt 2>&1; echo "ncu mw rc=$?"
-grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Stall" $OUT/ncu-mw.txt | head -12
+  --section MemoryWorkloadAnalysis python3 dev/mw/run.py --ncu --kg $KG > $O/ncu-mw.txt 2>&1; echo "ncu mw rc=$?"
+grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Stall" $O/ncu-mw.txt | head -12
+cp /tmp/san-*.log $O/ 2>/dev/null; tar czf $OUT/lean.tgz -C $O .
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -743,28 +743,26 @@ __global__ void __launch_bounds__(EG_THREADS) eval_guard_kernel(const float* __r
     if (threadIdx.x == 0) taps_min = INT_MAX;
     if (threadIdx.x < C_in) ex2[threadIdx.x] = ws[threadIdx.x] / n_in;
     __syncthreads();
+    const int lane = threadIdx.x % 32, per_c = C_in * K3 * K3;
     double q = 0.0, y2 = 0.0;
     int taps = INT_MAX;
-    for (int c = threadIdx.x; c < C_out; c += EG_THREADS) {
+    for (int c = threadIdx.x / 32; c < C_out; c += EG_THREADS / 32) {  // a warp per output channel, lanes over
+        const float* wc = w + static_cast<int64_t>(c) * per_c;           // its C_in·9 weights (coalesced)
         int nz = 0;
-        for (int i = 0; i < C_in; ++i) {
-            double sq = 0.0;
-            for (int k = 0; k < K3 * K3; ++k) {
-                const double v = w[(static_cast<int64_t>(c) * C_in + i) * K3 * K3 + k];
-                sq += v * v;
-                nz += v != 0.0;
-            }
-            q += sq * ex2[i];
+        for (int j = lane; j < per_c; j += 32) {
+            const double v = wc[j];
+            q += v * v * ex2[j / (K3 * K3)];
+            nz += v != 0.0;
         }
+        for (int o = 16; o > 0; o >>= 1) nz += __shfl_xor_sync(0xffffffffu, nz, o);
         taps = min(taps, nz);
-        y2 += ws[2 * C_in + c] / n_out;
+        if (lane == 0) y2 += ws[2 * C_in + c] / n_out;
     }
     for (int o = 16; o > 0; o >>= 1) {
         q += __shfl_xor_sync(0xffffffffu, q, o);
         y2 += __shfl_xor_sync(0xffffffffu, y2, o);
     }
-    if (threadIdx.x % 32 == 0) part[0][threadIdx.x / 32] = q, part[1][threadIdx.x / 32] = y2;
-    atomicMin(&taps_min, taps);
+    if (lane == 0) part[0][threadIdx.x / 32] = q, part[1][threadIdx.x / 32] = y2, atomicMin(&taps_min, taps);
     __syncthreads();
     if (threadIdx.x != 0) return;
     q = y2 = 0.0;
