@@ -13,12 +13,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s) O=/tmp/o; mkdir -p $O
 ND=${P27W_ND:-3} VERS=${P27W_VERSIONS:-2,3} KG=${MW_KG:-2} TOOLS=${SAN_TOOLS:-memcheck racecheck}
+CBW=${CBW_VARIANTS:-t3.f1.l1 t9.f1.l1} CBW_NEW=${CBW_NEW:-t9.f1.l1}
 python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
   > $O/build-book.log 2>&1 &
 python3 dev/mw/run.py --build-only --kg $KG > $O/build-mw.log 2>&1 &
 python3 dev/edge/run.py --build-only > $O/build-edge.log 2>&1 &
+python3 dev/cbw/variants.py --build-only $CBW > $O/build-cbw.log 2>&1 &
 python3 dev/p27w/run.py --build-only --nd $ND --version $VERS > $O/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
+timeout 150 python3 dev/cbw/variants.py $CBW > $O/cbw.json 2>&1; echo "cbw rc=$?"; tail -1 $O/cbw.json
+grep -B2 -A12 '"timings"\|"timing' $O/cbw.json | head -40; grep -E "_ok|_vs_landed|\"case\"" $O/cbw.json | head -60
 timeout 120 python3 dev/p27w/run.py --nd $ND --version $VERS > $O/p27w.json 2>&1; echo "run rc=$?"
 tail -1 $O/p27w.json; grep -A30 timing_ms $O/p27w.json
 timeout 90 python3 dev/mw/run.py --kg $KG > $O/mw.json 2>&1; echo "mw rc=$?"; tail -1 $O/mw.json
@@ -34,6 +38,8 @@ echo "timed: $(( $(date +%s) - t0 )) s"
 for tool in $TOOLS; do
   ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/p27w/run.py --small --nd $ND --version $VERS \
       > /tmp/san-$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/san-$tool.log ) &
+  ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/cbw/variants.py --small $CBW_NEW \
+      > /tmp/san-cbw-$tool.log 2>&1; echo "cbw $tool rc=$?" >> /tmp/san-cbw-$tool.log ) &
   ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/edge/run.py --small \
       > /tmp/san-edge-$tool.log 2>&1; echo "edge $tool rc=$?" >> /tmp/san-edge-$tool.log ) &
   ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/mw/run.py --small --kg $KG \
@@ -49,6 +55,9 @@ timeout 60 ncu --clock-control none -k regex:moments -c 4 --section SpeedOfLight
   --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis python3 dev/moments_probe.py \
   > $O/ncu-moments.txt 2>&1; echo "ncu moments rc=$?"
 grep -E "moments_|Duration|Compute \(SM\) Thro|Memory Thro|Achieved Occ|Registers" $O/ncu-moments.txt | head -30
+timeout 60 ncu --clock-control none -k regex:conv3x3 -c 1 --section SpeedOfLight --section WarpStateStats \
+  --section InstructionStats --section LaunchStats python3 dev/cbw/variants.py --ncu $CBW_NEW > $O/ncu-cbw.txt 2>&1
+echo "ncu cbw rc=$?"; grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Registers|Executed Ipc|Stall" $O/ncu-cbw.txt | head -14
 timeout 60 ncu --clock-control none -k regex:moments_wgmma -c 1 --section SpeedOfLight --section WarpStateStats \
   --section MemoryWorkloadAnalysis python3 dev/mw/run.py --ncu --kg $KG > $O/ncu-mw.txt 2>&1; echo "ncu mw rc=$?"
 grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Stall" $O/ncu-mw.txt | head -12

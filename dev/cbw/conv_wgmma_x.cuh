@@ -252,8 +252,10 @@ __device__ __forceinline__ void issue_group(float (&d)[64], uint32_t stage, uint
     wg_commit();
 }
 constexpr int GROUPS = (K3 * K3 + CBW_TAPS - 1) / CBW_TAPS;
-static_assert((K3 * K3) % CBW_TAPS == 0 && 8 % (GROUPS - 1) == 0, "groups of equal size; 8 store parts over them");
-constexpr int PARTS_PER_GROUP = 8 / (GROUPS - 1);  // group 0 stores nothing (see the header)
+// Groups that issue store parts: all but group 0 (see the header); t9, one group, issues all 8 after its commit.
+constexpr int STORE_GROUPS = GROUPS > 1 ? GROUPS - 1 : 1;
+static_assert((K3 * K3) % CBW_TAPS == 0 && 8 % STORE_GROUPS == 0, "groups of equal size; 8 store parts over them");
+constexpr int PARTS_PER_GROUP = 8 / STORE_GROUPS;
 
 // A row staged in shared memory, stored during the next tile's taps: thread t writes pixels px = 2·(t % 64), +1
 // of channels 2k + t / 64 (a warp: 32 neighbouring pairs of one channel, 256 contiguous bytes per store).
@@ -437,7 +439,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             issue_group<CBW_TAPS>(d, stage, filt, g * CBW_TAPS);
 #pragma unroll
             for (int q = 0; q < PARTS_PER_GROUP; ++q)  // while the tensor core multiplies (none in group 0)
-                if (g >= 1) store_part(pend, row, (g - 1) * PARTS_PER_GROUP + q);
+                if (GROUPS == 1 || g >= 1) store_part(pend, row, (GROUPS == 1 ? 0 : g - 1) * PARTS_PER_GROUP + q);
             wg_wait<0>();
             add_into(acc, d);
         }
