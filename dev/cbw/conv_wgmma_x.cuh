@@ -14,6 +14,12 @@
 //   CBW_STATS (0): 1 — the statistics eval mode's guard needs (dev/eval_guard.py's relative rule), summed on the
 //     way: Σx² and Σx⁴ per input channel by the producer (each input counted once, by channel block 0), Σy² per
 //     output channel by the consumers, into stats[2·C_in + C_out] (double, zeroed by the caller) with atomics.
+//   CBW_PIPE (1): 2 — the producer holds two tiles' loads: it issues tile i+1's loads before it waits for a free
+//     stage and writes tile i (the landed producer waits out one tile's load latency per tile: ≈ 2.5 µs a tile
+//     at 0.30 ms, the same for t3 and t9 although t9's consumers issue far fewer instructions).
+//   CBW_DIAG (0), diagnostics only (wrong outputs): 1 — consumers release each stage without multiplying or
+//     storing (the producer's time alone); 2 — the producer releases each stage without loading or writing it
+//     (the consumers' time alone, on stale data).
 // The landed kernel's description follows.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
@@ -62,6 +68,12 @@
 #endif
 #ifndef CBW_STATS
 #define CBW_STATS 0
+#endif
+#ifndef CBW_PIPE
+#define CBW_PIPE 1
+#endif
+#ifndef CBW_DIAG
+#define CBW_DIAG 0
 #endif
 
 namespace cbwx {
@@ -363,14 +375,14 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
 #if CBW_STATS
         float q2[2][4] = {}, q4[2][4] = {};  // Σx², Σx⁴ of channel 4h + c, each input counted once
 #endif
-        for (int tile = blockIdx.x; tile < s.tiles_per_cb; tile += gridDim.x, ++it) {
+        // Tile `tile`, loaded into vv, into stage it % STAGES once its consumer has released it.
+        auto produce = [&](const float (&vv)[PER][4], int tile) {
             const int st = it % STAGES;
             mbar_wait(bars + 8 * (STAGES + st), ((it / STAGES) & 1) ^ 1);
             int64_t n;
             int oh0, ow0;
             tile_coords(tile, s, n, oh0, ow0);
-            load_input(v, x, s, n, oh0, ow0, t);
-            write_input(sm + st * STAGE_BYTES, v, t);
+            if (CBW_DIAG != 2) write_input(sm + st * STAGE_BYTES, vv, t);
 #if CBW_STATS
             if (blockIdx.y == 0) {  // one channel block counts the input
 #pragma unroll
@@ -381,7 +393,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
                     if (item < ITEMS && (r == 0 || oh0 == s.HO - 1) && (px < TILE_W || ow0 + TILE_W >= s.WO)) {
 #pragma unroll
                         for (int c = 0; c < 4; ++c) {
-                            const float sq = v[k][c] * v[k][c];
+                            const float sq = vv[k][c] * vv[k][c];
                             if (h == 0) q2[0][c] += sq, q4[0][c] = fmaf(sq, sq, q4[0][c]);
                             else q2[1][c] += sq, q4[1][c] = fmaf(sq, sq, q4[1][c]);
                         }
@@ -391,7 +403,38 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
 #endif
             fence_proxy_async();
             mbar_arrive(bars + 8 * st);
+            ++it;
+        };
+        auto load = [&](float (&vv)[PER][4], int tile) {
+            if (CBW_DIAG == 2) return;
+            int64_t n;
+            int oh0, ow0;
+            tile_coords(tile, s, n, oh0, ow0);
+            load_input(vv, x, s, n, oh0, ow0, t);
+        };
+#if CBW_PIPE == 2
+        float v2[PER][4];
+        int tile = blockIdx.x;
+        if (tile < s.tiles_per_cb) load(v, tile);
+        while (tile < s.tiles_per_cb) {  // two tiles a trip: v and v2 alternate (registers need fixed names)
+            int next = tile + gridDim.x;
+            if (next < s.tiles_per_cb) load(v2, next);
+            produce(v, tile);
+            tile = next;
+            if (tile >= s.tiles_per_cb) break;
+            next = tile + gridDim.x;
+            if (next < s.tiles_per_cb) load(v, next);
+            produce(v2, tile);
+            tile = next;
         }
+#else
+        for (int tile = blockIdx.x; tile < s.tiles_per_cb; tile += gridDim.x) {
+            const int st = it % STAGES;
+            mbar_wait(bars + 8 * (STAGES + st), ((it / STAGES) & 1) ^ 1);  // as the landed kernel: wait, then load
+            load(v, tile);
+            produce(v, tile);
+        }
+#endif
 #if CBW_STATS
         if (blockIdx.y == 0 && stats != nullptr) {
 #pragma unroll
@@ -430,6 +473,10 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
         int oh, ow0;
         tile_coords(tile, s, n, oh, ow0);
         mbar_wait(bars + 8 * st, (it / STAGES) & 1);
+        if (CBW_DIAG == 1) {
+            mbar_arrive(bars + 8 * (STAGES + st));
+            continue;
+        }
         const uint32_t stage = base + st * STAGE_BYTES;
         float acc[64], d[64];
 #pragma unroll

@@ -7,7 +7,8 @@
     python dev/cbw/variants.py --ncu t3                       # two launches on P73 (Nsight Compute profiles one)
 
 A variant names its switches (the header's macros), dot-separated: t<n> CBW_TAPS (taps per FADD), f<n>
-CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS; "t1" alone is the landed kernel. Checks (every variant,
+CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS, p<n> CBW_PIPE, d<n> CBW_DIAG (diagnostics: their checks fail
+by design); "t1" alone is session 19's kernel, t3.f1.l1 the one in kernels/ now. Checks (every variant,
 NaN-poisoned outputs): the odd shapes of the book's wgmma test against float64, beside cuDNN float32 (TF32 off),
 and the definition's input classes (P73's, as the GPU tests draw them) against float64, beside cuDNN float32 and
 the book's own 3xTF32 path (the landed wgmma kernel). A variant passes where nothing is unwritten, its error is at
@@ -29,7 +30,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-MACROS = {"t": "CBW_TAPS", "f": "CBW_STORE_FAST", "l": "CBW_STORE_LDS", "s": "CBW_STATS"}
+MACROS = {"t": "CBW_TAPS", "f": "CBW_STORE_FAST", "l": "CBW_STORE_LDS", "s": "CBW_STATS", "p": "CBW_PIPE",
+          "d": "CBW_DIAG"}
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_MISS
 
@@ -37,9 +39,9 @@ MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_
 def defines(variant: str) -> dict[str, int]:
     out = {}
     for part in variant.split("."):
-        m = re.fullmatch(r"([tfls])(\d+)", part)
+        m = re.fullmatch(r"([tflspd])(\d+)", part)
         if not m:
-            raise SystemExit(f"unknown switch {part!r} in variant {variant!r} (t<n>, f<n>, l<n>, s<n>)")
+            raise SystemExit(f"unknown switch {part!r} in variant {variant!r} (t<n>, f<n>, l<n>, s<n>, p<n>, d<n>)")
         out[MACROS[m.group(1)]] = int(m.group(2))
     return out
 
