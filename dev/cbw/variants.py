@@ -5,16 +5,17 @@
     python dev/cbw/variants.py t1 t3 t3.f2.l1                 # sm_90: checks, then P73's timings, as JSON
     python dev/cbw/variants.py --small t3                     # checks on small shapes only (compute-sanitizer)
     python dev/cbw/variants.py --ncu t3                       # two launches on P73 (Nsight Compute profiles one)
+    python dev/cbw/variants.py --quick t3 t9                  # checks and timings without the book's extension
 
 A variant names its switches (the header's macros), dot-separated: t<n> CBW_TAPS (taps per FADD), f<n>
-CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS, p<n> CBW_PIPE, d<n> CBW_DIAG (diagnostics: their checks fail
-by design); "t1" alone is session 19's kernel, t3.f1.l1 the one in kernels/ now. Checks (every variant,
-NaN-poisoned outputs): the odd shapes of the book's wgmma test against float64, beside cuDNN float32 (TF32 off),
-and the definition's input classes (P73's, as the GPU tests draw them) against float64, beside cuDNN float32 and
-the book's own 3xTF32 path (the landed wgmma kernel). A variant passes where nothing is unwritten, its error is at
-most 2× cuDNN's (cancelling 6×, wide 2.5×: where the landed 3xTF32 path is held too); its ratio to the landed
-kernel's error is reported beside it. With s1 the statistics (Σx², Σx⁴ per input channel, Σy² per output
-channel) must match float64 sums to 1e-4, and the timing includes them.
+CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS, p<n> CBW_PIPE, r<n> CBW_RS, d<n> CBW_DIAG (diagnostics: their
+checks fail by design); "t1" alone is session 19's kernel, t3.f1.l1 the one in kernels/ now. Checks (every variant,
+NaN-poisoned outputs): the odd shapes of the book's wgmma test against float64, beside cuDNN float32 (TF32 off), and
+the definition's input classes (P73's, as the GPU tests draw them) against float64, beside cuDNN float32 and the
+book's own 3xTF32 path (the landed wgmma kernel). A variant passes where nothing is unwritten, its error is at most
+2× cuDNN's (cancelling 6×, wide 2.5×: where the landed 3xTF32 path is held too); its ratio to the landed kernel's
+error is reported beside it. With s1 the statistics (Σx², Σx⁴ per input channel, Σy² per output channel) must match
+float64 sums to 1e-4, and the timing includes them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 MACROS = {"t": "CBW_TAPS", "f": "CBW_STORE_FAST", "l": "CBW_STORE_LDS", "s": "CBW_STATS", "p": "CBW_PIPE",
-          "d": "CBW_DIAG"}
+          "d": "CBW_DIAG", "r": "CBW_RS"}
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_MISS
 
@@ -39,9 +40,9 @@ MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_
 def defines(variant: str) -> dict[str, int]:
     out = {}
     for part in variant.split("."):
-        m = re.fullmatch(r"([tflspd])(\d+)", part)
+        m = re.fullmatch(r"([tflspdr])(\d+)", part)
         if not m:
-            raise SystemExit(f"unknown switch {part!r} in variant {variant!r} (t<n>, f<n>, l<n>, s<n>, p<n>, d<n>)")
+            raise SystemExit(f"unknown switch {part!r} in variant {variant!r} (one of {''.join(MACROS)}, then <n>)")
         out[MACROS[m.group(1)]] = int(m.group(2))
     return out
 
@@ -141,7 +142,7 @@ def run_checks(mods, cbs, small: bool) -> list[dict]:
         ref = F.conv2d(x.double(), w.double(), b.double())
         with kb.precision.tf32(False):
             lib = rel(F.conv2d(x, w, b), ref)["rel_err"]
-        landed = rel(cbs.conv_bn_scale_eval(x, w, b, math="3xtf32"), ref)["rel_err"]
+        landed = rel(cbs.conv_bn_scale_eval(x, w, b, math="3xtf32"), ref)["rel_err"] if cbs else float("nan")
         row = {"case": name, "cudnn_fp32": lib, "landed": landed}
         for v, m in mods.items():
             y = check.poisoned(ref.shape, device="cuda")
@@ -173,14 +174,14 @@ def timings(mods, cbs) -> dict:
     conv = p.model(seed=0).conv.cuda()
     w, b = conv.weight.detach().contiguous(), conv.bias.detach().contiguous()
     y = torch.empty(x.shape[0], 64, 126, 126, device="cuda")
-    out = {"instruction": cbs.conv_bn_scale_tc_instruction(x)}
+    out = {"instruction": cbs.conv_bn_scale_tc_instruction(x) if cbs else "wgmma (not asked: --quick)"}
     for _ in range(2):  # the same order twice: drift shows as a change between rounds
         for v, m in mods.items():
             st = new_stats(x, w) if defines(v).get("CBW_STATS") else None
             out.setdefault(v, []).append(tt.do_bench(
                 lambda m=m, st=st: m.conv_wgmma(x, w, b, y, st.zero_() if st is not None else None),
                 warmup=100, rep=400))
-        for math in ("3xtf32", "fp32"):
+        for math in ("3xtf32", "fp32") if cbs else ():
             out.setdefault(f"book_{math}", []).append(
                 tt.do_bench(lambda math=math: cbs.conv_bn_scale_eval(x, w, b, y, math=math), warmup=100, rep=400))
         out.setdefault("fill", []).append(tt.do_bench(lambda: y.fill_(1.0), warmup=100, rep=400))
@@ -194,6 +195,7 @@ def main() -> int:
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="without the book's extension (no landed/book columns)")
     args = ap.parse_args()
     if args.resources:
         for v in args.variants:
@@ -215,7 +217,7 @@ def main() -> int:
                     m.conv_wgmma(x, conv.weight.detach(), conv.bias.detach())
         torch.cuda.synchronize()
         return 0
-    cbs = kb.build.load("conv_bn_scale")
+    cbs = None if args.quick else kb.build.load("conv_bn_scale")
     with torch.no_grad():
         res = {"checks": run_checks(mods, cbs, args.small)}
         if not args.small:
