@@ -2683,44 +2683,60 @@ cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64
 // where one product dominates a sum): tensor cores iff φ ≤ 2.5, K ≥ 12 and kurtosis ≤ 30. Writes
 // ws[2·C_in + C_out …] = φ, K, the largest kurtosis, then the flag's word: 0 the tensor cores' output stands, 1 the
 // FFMA convolution rewrites it.
-constexpr int EG_THREADS = 256;
+constexpr int EG_THREADS = 256, EG_WARPS = EG_THREADS / 32;
+constexpr int EG_BATCH = 8;                                 // channels a warp loads at once
+constexpr int EG_PER_LANE = (cbw::CI * K3 * K3 + 31) / 32;  // a channel's weights per lane: 3
 constexpr double EG_PHI_MAX = 2.5, EG_KURTOSIS_MAX = 30.0;
 constexpr int EG_TAPS_MIN = 12;
 
 __global__ void __launch_bounds__(EG_THREADS) eval_guard_kernel(const float* __restrict__ w, double* ws, int64_t N,
                                                                 int C_in, int H, int W, int C_out) {
-    __shared__ double ex2[cbw::CI], part[2][EG_THREADS / 32];
+    __shared__ double ex2[cbw::CI], part[2][EG_WARPS];
     __shared__ int taps_min;
     const double n_in = static_cast<double>(N) * H * W, n_out = static_cast<double>(N) * (H - K3 + 1) * (W - K3 + 1);
     if (threadIdx.x == 0) taps_min = INT_MAX;
     if (threadIdx.x < C_in) ex2[threadIdx.x] = ws[threadIdx.x] / n_in;
     __syncthreads();
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, per_c = C_in * K3 * K3;
     double q = 0.0, y2 = 0.0;
     int taps = INT_MAX;
-    for (int c = threadIdx.x; c < C_out; c += EG_THREADS) {
-        int nz = 0;
-        for (int i = 0; i < C_in; ++i) {
-            double sq = 0.0;
-            for (int k = 0; k < K3 * K3; ++k) {
-                const double v = w[(static_cast<int64_t>(c) * C_in + i) * K3 * K3 + k];
-                sq += v * v;
-                nz += v != 0.0;
+    // A warp per output channel, lanes over its C_in·9 weights (coalesced), with EG_BATCH channels' loads in flight
+    // at once: one block does all this, so its time is the number of load latencies it waits out one after another.
+    for (int c0 = warp; c0 < C_out; c0 += EG_WARPS * EG_BATCH) {
+        float v[EG_BATCH][EG_PER_LANE];
+#pragma unroll
+        for (int m = 0; m < EG_BATCH; ++m)
+#pragma unroll
+            for (int r = 0; r < EG_PER_LANE; ++r) {
+                const int c = c0 + m * EG_WARPS, j = lane + 32 * r;
+                v[m][r] = c < C_out && j < per_c ? __ldg(w + static_cast<int64_t>(c) * per_c + j) : 0.f;
             }
-            q += sq * ex2[i];
+        const int cy = c0 + lane * EG_WARPS;  // lane m < EG_BATCH reads channel m's Σy²
+        if (lane < EG_BATCH && cy < C_out) y2 += ws[2 * C_in + cy] / n_out;
+#pragma unroll
+        for (int m = 0; m < EG_BATCH; ++m) {
+            if (c0 + m * EG_WARPS >= C_out) break;  // warp-uniform
+            int nz = 0;
+#pragma unroll
+            for (int r = 0; r < EG_PER_LANE; ++r) {
+                const int j = lane + 32 * r;
+                const double d = v[m][r];
+                if (j < per_c) q += d * d * ex2[j / (K3 * K3)];
+                nz += v[m][r] != 0.f;
+            }
+            for (int o = 16; o > 0; o >>= 1) nz += __shfl_xor_sync(0xffffffffu, nz, o);
+            taps = min(taps, nz);
         }
-        taps = min(taps, nz);
-        y2 += ws[2 * C_in + c] / n_out;
     }
     for (int o = 16; o > 0; o >>= 1) {
         q += __shfl_xor_sync(0xffffffffu, q, o);
         y2 += __shfl_xor_sync(0xffffffffu, y2, o);
     }
-    if (threadIdx.x % 32 == 0) part[0][threadIdx.x / 32] = q, part[1][threadIdx.x / 32] = y2;
-    atomicMin(&taps_min, taps);
+    if (lane == 0) part[0][warp] = q, part[1][warp] = y2, atomicMin(&taps_min, taps);
     __syncthreads();
     if (threadIdx.x != 0) return;
     q = y2 = 0.0;
-    for (int i = 0; i < EG_THREADS / 32; ++i) q += part[0][i], y2 += part[1][i];
+    for (int i = 0; i < EG_WARPS; ++i) q += part[0][i], y2 += part[1][i];
     double kurtosis = 0.0;
     for (int i = 0; i < C_in; ++i) {  // sums that overflowed (inf/inf) or NaN inputs: an infinite kurtosis
         const double k = ws[C_in + i] / n_in / (ex2[i] * ex2[i]);
