@@ -22,7 +22,8 @@
 //     (the consumers' time alone, on stale data); 3 — the consumers multiply but store nothing.
 //   CBW_RS (0): 1 — the filter (wgmma's A) from registers, loaded once per block: each wgmma then reads only its
 //     4 KB of B from shared memory instead of 6 KB (27 per tile: 162 KB → 108 KB). 72 more registers a consumer
-//     thread, so the producer gives registers back (setmaxnreg 72) and the consumers take them (216).
+//     thread, so the producer gives registers back (setmaxnreg 72) and the consumers take them (216). 2 — only
+//     A_hi from registers (36), A_lo from shared memory: 162 KB → 126 KB a tile, and t3 fits (166 + 36).
 // The landed kernel's description follows.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
@@ -81,8 +82,12 @@
 #ifndef CBW_RS
 #define CBW_RS 0
 #endif
+#ifndef CBW_RS_PRODUCER
 #define CBW_RS_PRODUCER 72   // registers a producer thread keeps; 128·72 + 256·216 = 384·168, the block's
-#define CBW_RS_CONSUMER 216  // what a consumer thread takes
+#endif
+#ifndef CBW_RS_CONSUMER
+#define CBW_RS_CONSUMER 216  // what a consumer thread takes (128·P + 256·C ≤ 64,512)
+#endif
 
 namespace cbwx {
 
@@ -264,13 +269,17 @@ __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], u
 }
 template <int kN>
 __device__ __forceinline__ void issue_group_rs(float (&d)[64], uint32_t stage, const uint32_t (&ah)[9][4],
-                                               const uint32_t (&al)[9][4], int t0) {
+                                               const uint32_t (&al)[CBW_RS == 2 ? 1 : 9][4], uint32_t filt, int t0) {
     wg_fence();
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
         const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
         const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
+#if CBW_RS == 2  // A_lo from shared memory (its 36 registers do not fit beside t3's 166)
+        mma(d, desc(filt + tap * TAP_BYTES + FILTER_PLANE, 1024, 128), desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
+#else
         mma_rs(d, al[tap], desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
+#endif
         mma_rs(d, ah[tap], desc(b_lo, HALF_BYTES, 128), 1);
     }
 #pragma unroll
@@ -501,7 +510,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     const uint32_t filt = base + FILTER_OFF;
 #if CBW_RS
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CBW_RS_CONSUMER) : "memory");
-    uint32_t ah[9][4], al[9][4];  // the filter's A fragments, every tap, hi and lo planes
+    uint32_t ah[9][4], al[CBW_RS == 2 ? 1 : 9][4];  // the filter's A fragments, every tap, hi (and lo) planes
     {
         const uint32_t* f_hi = reinterpret_cast<const uint32_t*>(sm + FILTER_OFF);
         const uint32_t* f_lo = reinterpret_cast<const uint32_t*>(sm + FILTER_OFF + FILTER_PLANE);
@@ -512,7 +521,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             for (int e = 0; e < 4; ++e) {  // rows r0, r0 + 8 (e & 1); k = q, q + 4 (e >> 1): [tap][h][co][4]
                 const int off = tap * 512 + (e >> 1) * 256 + (r0 + 8 * (e & 1)) * 4 + q;
                 ah[tap][e] = f_hi[off];
-                al[tap][e] = f_lo[off];
+                if (CBW_RS != 2) al[CBW_RS == 2 ? 0 : tap][e] = f_lo[off];
             }
     }
 #endif
@@ -540,7 +549,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
 #pragma unroll
         for (int g = 0; g < GROUPS; ++g) {
 #if CBW_RS
-            issue_group_rs<CBW_TAPS>(d, stage, ah, al, g * CBW_TAPS);
+            issue_group_rs<CBW_TAPS>(d, stage, ah, al, filt, g * CBW_TAPS);
 #else
             issue_group<CBW_TAPS>(d, stage, filt, g * CBW_TAPS);
 #endif
