@@ -15,7 +15,7 @@ cbm::MShape shape_of(const torch::Tensor& x) {
 }  // namespace
 
 // The border slots (1–24 of each combo) of x's moments into a zeroed acc: the book's kernel (S = 0) or the
-// candidate with S samples a block, or (S = -1) the second candidate: per-sample partials, then their reduction.
+// candidate (S = -1): per-sample partials, then their reduction.
 torch::Tensor edge_sums(const torch::Tensor& x, int64_t S) {
     const cbm::MShape s = shape_of(x);
     torch::Tensor acc = torch::zeros({cbm::ACC_DOUBLES}, x.options().dtype(torch::kFloat64));
@@ -26,14 +26,11 @@ torch::Tensor edge_sums(const torch::Tensor& x, int64_t S) {
     if (S == 0) {
         cbm::moments_edge_kernel<<<dim3(static_cast<unsigned>(s.N), 4), cbm::E_THREADS, 0, st>>>(xp, s, a);
         err = cudaGetLastError();
-    } else if (S == 1) err = edgem::edge<1>(xp, s, a, st);
-    else if (S == 2) err = edgem::edge<2>(xp, s, a, st);
-    else if (S == 4) err = edgem::edge<4>(xp, s, a, st);
-    else if (S == 8) err = edgem::edge<8>(xp, s, a, st);
-    else if (S == -1) {  // the partials and their reduction (the workspace is allocated outside the timed call
+    } else if (S == -1) {  // the partials and their reduction (the workspace is allocated outside the timed call
         static torch::Tensor part;  // in the book; here once per size)
         const int64_t need = static_cast<int64_t>(s.N) * edgem::V_PART * cbm::E_THREADS;
-        if (!part.defined() || part.numel() < need || part.device() != x.device()) part = torch::empty({need}, x.options());
+        if (!part.defined() || part.numel() < need || part.device() != x.device())
+            part = torch::empty({need}, x.options());
         err = edgem::edge_partials(xp, s, part.data_ptr<float>(), a, st);
     }
     TORCH_CHECK(err == cudaSuccess, "edge_sums: ", cudaGetErrorString(err));

@@ -1,4 +1,2 @@
-// dev/edge/probe.cu — compiles the candidate alone for nvcc's resource report.
+// dev/edge/probe.cu — compiles the candidate alone for nvcc's resource report (its kernels are not templates).
 #include "edge_multi.cuh"
-template cudaError_t edgem::edge<4>(const float*, const cbm::MShape&, double*, cudaStream_t);
-template cudaError_t edgem::edge<8>(const float*, const cbm::MShape&, double*, cudaStream_t);

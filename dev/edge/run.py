@@ -1,10 +1,10 @@
-"""Check and time dev/edge/edge_multi.cuh (the border sums, S samples a block) against the book's border kernel.
+"""Check and time dev/edge/edge_multi.cuh (the border sums without atomics) against the book's border kernel.
 
-    python dev/edge/run.py            # checks on odd shapes, then P73's timings: S = 0 (the book's), -1, 2
+    python dev/edge/run.py            # checks on odd shapes, then P73's timings: S = 0 (the book's), -1
     python dev/edge/run.py --small    # checks on small shapes only (compute-sanitizer)
     python dev/edge/run.py --ncu      # the book's kernel and the partials once each on P73 (Nsight Compute)
 
-S = -1 is the second candidate (per-sample partials, then their reduction); S > 0 the first (S samples a block).
+S = -1 is the candidate: per-sample partials, then their reduction over the samples.
 
 Checks: every slot the candidate writes equals the book kernel's to 1e-12 relative (the same float sums per sample;
 the doubles' order of addition differs), and no other slot is written.
@@ -18,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 SHAPES = [(2, 8, 34, 34), (3, 5, 20, 150), (1, 1, 3, 3), (5, 8, 4, 5), (9, 3, 131, 7), (2, 8, 130, 129)]
-SIZES = (-1, 2)  # -1: the partials; 1, 4, 8 ran slower than 2 (H100, session 26)
+SIZES = (-1,)  # the partials (S = 1, 2, 4, 8 samples a block ran slower than the book: H100, session 26)
 
 
 def build():
