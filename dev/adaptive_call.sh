@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # dev/adaptive_call.sh — one device call that uses whichever GPU came. On an H200: the landing (dev/land_call.sh on the
-# named chapters; KERNELBOOK_COMMIT names the tree). On anything else (an H100 cannot land a record), ≈ 210 s:
-# dev/p27w's versions (P27W_ND, P27W_VERSIONS: 3; 2,3), dev/mw (MW_KG: 2) and dev/edge checked and timed,
-# compute-sanitizer (SAN_TOOLS: memcheck racecheck) on their small shapes, and Nsight Compute on p27w, mw and the
-# book's moments kernels (dev/moments_probe.py); the tree's conv_bn_scale GPU tests, eval's guard by kernel
+# named chapters; KERNELBOOK_COMMIT names the tree; dev/cbw's variants after it if time is left). On anything else
+# (an H100 cannot land a record), ≈ 300–450 s, the builds most of it: dev/cbw's variants (CBW_VARIANTS) checked,
+# timed, sanitized (SAN_TOOLS: memcheck racecheck, on CBW_NEW) and profiled (CBW_NCU); with RUN_P27W / RUN_MW /
+# RUN_EDGE = 1 dev/p27w, dev/mw and dev/edge too; the tree's conv_bn_scale GPU tests, eval's guard by kernel
 # (dev/guard_probe.py) and memcheck on its workload. Carry [".whl"].   → $OUT/gpu.txt, $OUT/lean.tgz (every log)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$gpu" | tee $OUT/gpu.txt
@@ -13,12 +13,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s) O=/tmp/o; mkdir -p $O
 ND=${P27W_ND:-3} VERS=${P27W_VERSIONS:-2,3} KG=${MW_KG:-2} TOOLS=${SAN_TOOLS:-memcheck racecheck}
-CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.p2 t3.f1.l1.s1.p2 t3.f1.l1.d1 t3.f1.l1.d2} CBW_NEW=${CBW_NEW:-t3.f1.l1.s1.p2}
-P27W=${RUN_P27W:-0} MW=${RUN_MW:-0}  # 1: dev/p27w's and dev/mw's runs too (unchanged since their last measurement)
+CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t9.f1.l1.r1 t3.f1.l1.r2} CBW_NEW=${CBW_NEW:-t3.f1.l1.r2}
+# 1: dev/p27w's, dev/mw's, dev/edge's runs too (unchanged since their last measurement)
+P27W=${RUN_P27W:-0} MW=${RUN_MW:-0} EDGE=${RUN_EDGE:-0}
 python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
   > $O/build-book.log 2>&1 &
 [ $MW = 1 ] && python3 dev/mw/run.py --build-only --kg $KG > $O/build-mw.log 2>&1 &
-python3 dev/edge/run.py --build-only > $O/build-edge.log 2>&1 &
+[ $EDGE = 1 ] && python3 dev/edge/run.py --build-only > $O/build-edge.log 2>&1 &
 python3 dev/cbw/variants.py --build-only $CBW > $O/build-cbw.log 2>&1 &
 [ $P27W = 1 ] && python3 dev/p27w/run.py --build-only --nd $ND --version $VERS > $O/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
@@ -32,8 +33,10 @@ if [ $MW = 1 ]; then
   timeout 90 python3 dev/mw/run.py --kg $KG > $O/mw.json 2>&1; echo "mw rc=$?"; tail -1 $O/mw.json
   grep -A8 '"timing_ms"\|"book_us"\|p73_16' $O/mw.json | head -30
 fi
-timeout 60 python3 dev/edge/run.py > $O/edge.json 2>&1; echo "edge rc=$?"; tail -1 $O/edge.json
-grep -A7 '"timing_ms"' $O/edge.json
+if [ $EDGE = 1 ]; then
+  timeout 60 python3 dev/edge/run.py > $O/edge.json 2>&1; echo "edge rc=$?"; tail -1 $O/edge.json
+  grep -A7 '"timing_ms"' $O/edge.json
+fi
 timeout 60 python3 dev/guard_probe.py > $O/guard.json 2>&1; echo "guard rc=$?"; tail -2 $O/guard.json
 echo "timed: $(( $(date +%s) - t0 )) s"
 ( timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv_bn_scale.py tests/test_conv_definition.py \
@@ -45,7 +48,7 @@ for tool in $TOOLS; do
       --nd $ND --version $VERS > /tmp/san-$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/san-$tool.log ) &
   ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/cbw/variants.py --small $CBW_NEW \
       > /tmp/san-cbw-$tool.log 2>&1; echo "cbw $tool rc=$?" >> /tmp/san-cbw-$tool.log ) &
-  ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/edge/run.py --small \
+  [ $EDGE = 1 ] && ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/edge/run.py --small \
       > /tmp/san-edge-$tool.log 2>&1; echo "edge $tool rc=$?" >> /tmp/san-edge-$tool.log ) &
   [ $MW = 1 ] && ( timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 dev/mw/run.py --small --kg $KG \
       > /tmp/san-mw-$tool.log 2>&1; echo "mw $tool rc=$?" >> /tmp/san-mw-$tool.log ) &
@@ -56,14 +59,15 @@ echo "sanitized: $(( $(date +%s) - t0 )) s"
   --section Occupancy --section WarpStateStats --section InstructionStats \
   python3 dev/p27w/run.py --ncu --nd $ND --version $VERS > $O/ncu.txt 2>&1; echo "ncu rc=$?"
 grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Registers|Achieved Occ|Executed Ipc|Stall|conv3d" $O/ncu.txt | head -40
-timeout 60 ncu --clock-control none -k regex:"edge" -c 3 --section SpeedOfLight --section LaunchStats \
+[ $EDGE = 1 ] && timeout 60 ncu --clock-control none -k regex:"edge" -c 3 --section SpeedOfLight --section LaunchStats \
   --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis python3 dev/edge/run.py --ncu \
   > $O/ncu-edge.txt 2>&1; echo "ncu edge rc=$?"
 grep -E "edge_|Duration|Compute \(SM\) Thro|Memory Thro|Achieved Occ|Registers|L2 Hit|Mem Busy" $O/ncu-edge.txt | head -30
 timeout 90 ncu --clock-control none -k regex:conv3x3 -c 3 --section SpeedOfLight --section WarpStateStats \
-  --section InstructionStats --section LaunchStats python3 dev/cbw/variants.py --ncu ${CBW_NCU:-t3.f1.l1 t3.f1.l1.p2} \
+  --section InstructionStats --section MemoryWorkloadAnalysis python3 dev/cbw/variants.py --ncu \
+  ${CBW_NCU:-t3.f1.l1 t3.f1.l1.r2} \
   > $O/ncu-cbw.txt 2>&1
-echo "ncu cbw rc=$?"; grep -E "Duration|DRAM Thro|Compute \(SM\) Thro|Registers|Warp Cycles Per Issued|Issued Instructions " \
+echo "ncu cbw rc=$?"; grep -E "Duration|DRAM Thro|Compute \(SM\) Thro|Warp Cycles Per Issued|Issued Instructions |Shared" \
   $O/ncu-cbw.txt | head -24
 [ $MW = 1 ] && timeout 60 ncu --clock-control none -k regex:moments_wgmma -c 1 --section SpeedOfLight --section WarpStateStats \
   --section MemoryWorkloadAnalysis python3 dev/mw/run.py --ncu --kg $KG > $O/ncu-mw.txt 2>&1; echo "ncu mw rc=$?"

@@ -4,7 +4,7 @@
 # tools over every workload; the GPU-evidence record). Run from the repository root on the device with the wheels
 # carried in .whl/wheels (carry [".whl"]); KERNELBOOK_COMMIT names the commit the tree was sent at.
 #   bash dev/land_call.sh 07_capstone_conv_bn_scale      → $OUT/session.log, $OUT/records.tgz (results/, logs)
-# and, where the call has time left, dev/p27w's prototype checked and timed ($OUT/p27w.json), then dev/mw's ($OUT/mw.json).
+# and, where the call has time left, dev/cbw's variants (CBW_VARIANTS) checked and timed ($OUT/cbw.json).
 set -o pipefail
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/wheels/*.whl || exit 3
@@ -12,12 +12,9 @@ if [ ! -f /tmp/site/.done ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s)
-python3 dev/p27w/run.py --build-only --nd 2,3 --version 1,2,3 > /tmp/build-p27w.log 2>&1 &  # not waited for
-p27w_build=$!
-python3 dev/mw/run.py --build-only --kg 1,2 > /tmp/build-mw.log 2>&1 &
-mw_build=$!
-python3 dev/edge/run.py --build-only > /tmp/build-edge.log 2>&1 &
-edge_build=$!
+CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t9.f1.l1.r1 t3.f1.l1.r2}
+python3 dev/cbw/variants.py --build-only $CBW > /tmp/build-cbw.log 2>&1 &  # not waited for
+cbw_build=$!
 pids=()
 for k in bn_train ceilings conv2d_folded conv3d_gn_mean conv_bn_scale cutlass_conv cutlass_gemm gemm_3xtf32 \
          gemm_wgmma group_stats mappings mma_probe scale; do
@@ -27,17 +24,9 @@ done
 wait "${pids[@]}"
 echo "builds: $(( $(date +%s) - t0 )) s"
 timeout ${SESSION_S:-530} bash scripts/gpu_session.sh /tmp/gs "$@" 2>&1 | tee $OUT/session.log
-if [ $(( $(date +%s) - t0 )) -lt ${P27W_BEFORE:-470} ]; then  # P27's wgmma prototype, if the call has time left
-  wait $p27w_build
-  timeout 90 python3 dev/p27w/run.py --nd 2,3 --version 1,2,3 > $OUT/p27w.json 2>&1; grep -A20 timing_ms $OUT/p27w.json
-fi
-if [ $(( $(date +%s) - t0 )) -lt ${MW_BEFORE:-530} ]; then  # the moments' lag sums on wgmma, if time is left
-  wait $mw_build
-  timeout 60 python3 dev/mw/run.py --kg 1,2 > $OUT/mw.json 2>&1; tail -1 $OUT/mw.json
-fi
-if [ $(( $(date +%s) - t0 )) -lt ${EDGE_BEFORE:-560} ]; then  # the border sums, S samples a block
-  wait $edge_build
-  timeout 30 python3 dev/edge/run.py > $OUT/edge.json 2>&1; tail -1 $OUT/edge.json
+if [ $(( $(date +%s) - t0 )) -lt ${CBW_BEFORE:-520} ]; then  # dev/cbw's variants on the H200, if time is left
+  wait $cbw_build
+  timeout 60 python3 dev/cbw/variants.py --quick $CBW > $OUT/cbw.json 2>&1; grep -A30 timing_ms $OUT/cbw.json
 fi
 echo "total: $(( $(date +%s) - t0 )) s" | tee -a $OUT/session.log
 tar czf $OUT/records.tgz results -C /tmp/gs nvidia-smi.csv pytest-gpu.log notebooks.log $(cd /tmp/gs && ls sanitizer-* 2>/dev/null)

@@ -52,7 +52,8 @@
 //     shared memory; its global stores (coalesced, 256 bytes per warp store) are issued during the next tile's
 //     taps, while the tensor core works, in eight parts. (Tap 0 issues none: a store there made the compiler
 //     wait for that tap's products before its third wgmma.)
-#pragma once
+// Included once per variant: the switches and CBW_NS (the namespace, cbwx by default) are set before, and every
+// macro this header defines or reads is undefined at its end, so one translation unit can hold several variants.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -89,7 +90,10 @@
 #define CBW_RS_CONSUMER 216  // what a consumer thread takes (128·P + 256·C ≤ 64,512)
 #endif
 
-namespace cbwx {
+#ifndef CBW_NS
+#define CBW_NS cbwx
+#endif
+namespace CBW_NS {
 
 __device__ int g_built =
 #ifdef KB_CBW
@@ -663,4 +667,19 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
     return cudaGetLastError();
 }
 
-}  // namespace cbwx
+}  // namespace CBW_NS
+
+#undef CBW_NS
+#undef CBW_TAPS
+#undef CBW_STORE_FAST
+#undef CBW_STORE_LDS
+#undef CBW_STATS
+#undef CBW_PIPE
+#undef CBW_DIAG
+#undef CBW_RS
+#undef CBW_RS_PRODUCER
+#undef CBW_RS_CONSUMER
+#undef CBW_AT
+#undef CBW_ROW_REF
+#undef CBW_D8
+#undef CBW_R10

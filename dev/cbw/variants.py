@@ -1,7 +1,7 @@
 """Check and time dev/cbw/conv_wgmma_x.cuh's variants (P73's 3xTF32 convolution through wgmma) on an sm_90 GPU.
 
     python dev/cbw/variants.py --resources t1 t3 t3.f2.l1     # any machine with nvcc: registers, spills, SASS
-    python dev/cbw/variants.py --build-only t1 t3             # build the torch extensions (in parallel first)
+    python dev/cbw/variants.py --build-only t1 t3             # build the variants' one torch extension
     python dev/cbw/variants.py t1 t3 t3.f2.l1                 # sm_90: checks, then P73's timings, as JSON
     python dev/cbw/variants.py --small t3                     # checks on small shapes only (compute-sanitizer)
     python dev/cbw/variants.py --ncu t3                       # two launches on P73 (Nsight Compute profiles one)
@@ -80,12 +80,30 @@ def resources(variant: str) -> dict:
     return out
 
 
-def build(variant: str):
+def build(variants: list[str]) -> dict:
+    """One torch extension holding every variant (conv_wgmma_x.cuh included once per variant, each in its own
+    namespace): the host side, torch's headers, compiles once. Returns {variant: object with .conv_wgmma}."""
+    import hashlib
+    import types
+
     from torch.utils.cpp_extension import load
 
-    return load(name="cbwx_" + variant.replace(".", "_"), sources=[str(HERE / "ext.cu")],
-                extra_include_paths=[str(HERE)], extra_cuda_cflags=["-O3", ARCH, *flags(variant)],
-                verbose=False)
+    blocks = []
+    for i, v in enumerate(variants):
+        defs = "".join(f"#define {k} {n}\n" for k, n in sorted(defines(v).items()))
+        blocks.append(f"// {v}\n#define CBW_NS cbw_v{i}\n{defs}#include \"conv_wgmma_x.cuh\"\n")
+    binds = "".join(f'    m.def("conv_{i}", &conv_with<cbw_v{i}::conv>, "{v}", pybind11::arg("x"), pybind11::arg("w"), '
+                    'pybind11::arg("b") = pybind11::none(), pybind11::arg("out") = pybind11::none(), '
+                    'pybind11::arg("stats") = pybind11::none());\n' for i, v in enumerate(variants))
+    src = ("#include \"bind.h\"\n" + "".join(blocks) +
+           f"PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{binds}}}\n")
+    name = "cbwx_" + hashlib.sha1(src.encode()).hexdigest()[:12]
+    gen = Path("/tmp") / "cbw_gen"
+    gen.mkdir(exist_ok=True)
+    (gen / f"{name}.cu").write_text(src)
+    ext = load(name=name, sources=[str(gen / f"{name}.cu")], extra_include_paths=[str(HERE)],
+               extra_cuda_cflags=["-O3", ARCH], verbose=False)
+    return {v: types.SimpleNamespace(conv_wgmma=getattr(ext, f"conv_{i}")) for i, v in enumerate(variants)}
 
 
 SHAPES = [  # (N, C_in, H, W, C_out, x offset in floats): tests/test_conv_bn_scale.py's TC_SHAPES and two more
@@ -207,7 +225,7 @@ def main() -> int:
 
     import kernelbook as kb
 
-    mods = {v: build(v) for v in args.variants}
+    mods = build(args.variants)
     if args.build_only:
         return 0
     p = kb.problems.P73_CONV_BN_SCALE
