@@ -18,7 +18,9 @@
 //   * Accumulation: the small products chain inside the tensor core through all of K; the hi·hi products of one
 //     (ci, h) — 4 steps — start from zero (scale-d 0) and join a float32 sum by FADD (dev/tap_chains.py's model:
 //     ≈ 1.05–1.15× the error of one FADD per step). Zeroing half of one m64n32 accumulator by moves instead made
-//     ptxas serialise every wgmma (C7511).
+//     ptxas serialise every wgmma (C7511). Version 4 (P27W_MMA 2) needs no zeroing: X_hi·[W_hi | W_lo] is one
+//     m64n32k8 from zero per (ci, h) — both halves join the float32 sum there — and X_lo·W_hi one m64n16k8 chained
+//     through K: two wgmmas a step instead of three (the prototype issued one every ≈ 20 cycles per SM, H100).
 // A block is one warpgroup (128 threads, 3 blocks per SM at ≤ 168 registers), persistent over units (sample b,
 // ND output depths, 2 output rows); it stages a unit's C_in × (ND + 3) × 5 input rows, split, then multiplies: the
 // other blocks on the SM overlap its staging. dev/p27w/emulate.py replays every index on the CPU.
@@ -55,6 +57,9 @@ constexpr int THREADS = 128;
 #endif
 #ifndef P27W_DESC
 #define P27W_DESC 2                       // 2: descriptors by one addition per wgmma; 1: recomputed (the first)
+#endif
+#ifndef P27W_MMA
+#define P27W_MMA 1  // 1: three m64n16k8 a step; 2: X_hi·[W_hi | W_lo] as one m64n32k8, then X_lo·W_hi (version 4)
 #endif
 constexpr int PPW = (DD * IN_ROWS + 3) / 4;  // (depth, row) pairs per warp when staged by rows
 constexpr int STEPS_PER_CI = KS * 2;      // (kd, h)
@@ -97,6 +102,17 @@ __device__ __forceinline__ void tma_load5(const CUtensorMap* map, uint32_t dst, 
         : "memory");
 }
 
+// d[64×32] (+)= a[64×8] (registers) · b[8×32] (shared memory: W_hi's 16 channels, then W_lo's); kAcc = 0: from zero.
+template <int kAcc>
+__device__ __forceinline__ void mma32(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, %21, 1, "
+        "1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kAcc));
+}
 // d[64×16] (+)= a[64×8] (registers) · b[8×16] (shared memory); kAcc = 0: from zero.
 template <int kAcc>
 __device__ __forceinline__ void mma16(float (&d)[8], const uint32_t (&a)[4], uint64_t db) {
@@ -256,14 +272,22 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
         // Per output depth j: hh, the hi·hi products of the current (ci, h), from zero; sm, every small product
         // (hi·lo, lo·hi) of all K; acc, the float32 sum of the hh's, from the bias. Register i: row g (+8 if i & 2),
         // channel 8·(i/4) + 2·tq + (i & 1).
-        float hh[ND][8], sm[ND][8], acc[ND][8];
+        // Version 4 (P27W_MMA 2): hh holds X_hi·[W_hi | W_lo] of the current (ci, h) — registers i < 8 the hi·hi
+        // products of channel 8·(i/4) + 2·tq + (i & 1), i + 8 the hi·lo products of the same channel — and sm the
+        // lo·hi products through all K; both hh halves join acc per (ci, h).
+        constexpr int HH = P27W_MMA == 2 ? 16 : 8;
+        float hh[ND][HH], sm[ND][8], acc[ND][8];
 #pragma unroll
         for (int j = 0; j < ND; ++j)
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                hh[j][i] = sm[j][i] = 0.f;
+                sm[j][i] = 0.f;
                 acc[j][i] = b_s[8 * (i / 4) + 2 * tq + (i & 1)];
             }
+#pragma unroll
+        for (int j = 0; j < ND; ++j)
+#pragma unroll
+            for (int i = 0; i < HH; ++i) hh[j][i] = 0.f;
         for (int ci = 0; ci < s.C_in; ++ci) {
             // The low word of channel ci's K-major descriptor: address >> 4 (bits 0–13), LBO 512 >> 4 (16–29).
             const uint32_t d_ci = (((f_base + ci * STEPS_PER_CI * STEP_FLOATS * 4) & 0x3ffff) >> 4) | ((512 >> 4) << 16);
@@ -299,17 +323,27 @@ conv3d_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, co
                         const uint32_t fb = f_base + (((ci * KS + kd) * 2 + h) * STEP_FLOATS) * 4;
                         const uint64_t w_hi = desc(fb, 512, 128), w_lo = desc(fb + 256, 512, 128);  // rows 16–31
 #endif
+#if P27W_MMA == 2
+                        mma16<1>(sm[j], al[dd], w_hi);  // the small term through all K
+                        if (kd == 0) mma32<0>(hh[j], ah[dd], w_hi);  // rows 0–31 of the step: W_hi, then W_lo
+                        else mma32<1>(hh[j], ah[dd], w_hi);
+                        (void)w_lo;
+#else
                         mma16<1>(sm[j], ah[dd], w_lo);  // the small terms first
                         mma16<1>(sm[j], al[dd], w_hi);
                         if (kd == 0) mma16<0>(hh[j], ah[dd], w_hi);  // compile-time: the group's first step
                         else mma16<1>(hh[j], ah[dd], w_hi);
+#endif
                     }
                 wg_commit();
                 wg_wait0();
 #pragma unroll
                 for (int j = 0; j < ND; ++j)
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[j][i] += hh[j][i];  // the next group's hh starts from zero
+                    for (int i = 0; i < 8; ++i) {  // the next group's hh starts from zero
+                        if constexpr (P27W_MMA == 2) acc[j][i] += hh[j][i] + hh[j][i + 8];
+                        else acc[j][i] += hh[j][i];
+                    }
             }
         }
         // Join: the small terms' sums (hi·lo in d1's columns 16–31, lo·hi in d2), then the hi·hi sum.

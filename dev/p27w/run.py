@@ -3,7 +3,7 @@
     python dev/p27w/run.py                 # checks on odd shapes and the definition's classes, then P27's timings
     python dev/p27w/run.py --small         # checks on small shapes only (compute-sanitizer)
     python dev/p27w/run.py --nd 2,3        # builds with P27W_ND = 2 and 3 (output depths per unit)
-    python dev/p27w/run.py --version 1,2,3 # the first; staged by rows, cheaper descriptors; the bulk tensor copy
+    python dev/p27w/run.py --version 3,4   # 1 the first; 2 staged by rows; 3 the bulk tensor copy; 4 3 + m64n32k8
     python dev/p27w/run.py --ncu           # two launches on P27's input, for Nsight Compute
 
 Checks: y against float64 (beside cuDNN float32, TF32 off) on odd shapes, NaN-free and complete; the sums mode's
@@ -31,8 +31,9 @@ def build(nd: int, version: int = 2):
     from torch.utils.cpp_extension import load
 
     return load(name=f"p27w_nd{nd}_v{version}", sources=[str(HERE / "ext.cu")], extra_include_paths=[str(HERE)],
-                extra_cuda_cflags=["-O3", ARCH, f"-DP27W_ND={nd}", f"-DP27W_STAGE={version}",
-                                   f"-DP27W_DESC={min(version, 2)}"], verbose=False)
+                extra_cuda_cflags=["-O3", ARCH, f"-DP27W_ND={nd}", f"-DP27W_STAGE={min(version, 3)}",
+                                   f"-DP27W_DESC={min(version, 2)}", f"-DP27W_MMA={2 if version >= 4 else 1}"],
+                verbose=False)
 
 
 def checks(mods, small: bool) -> list[dict]:
@@ -159,7 +160,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nd", default="3")
     ap.add_argument("--version", default="3",
-                    help="3: the bulk tensor copy; 2: staged by rows, descriptors by addition; 1: the first")
+                    help="4: 3 with X_hi·[W_hi | W_lo] as one m64n32k8; 3: the bulk tensor copy; 2: staged by rows, "
+                    "descriptors by addition; 1: the first")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="two sums-mode launches on P27's input (ncu profiles one)")
