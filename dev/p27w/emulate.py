@@ -34,7 +34,9 @@ def conv3d_ref(x, w, b):
     return y
 
 
-def emulate(x, w, b, nd_max=3):
+def emulate(x, w, b, nd_max=3, version=3):
+    """Version 4 reads each step's 32 rows as one N = 32 operand: its W_lo rows hold w again here (W_lo = 0 in
+    version 3), and registers i + 8 (columns 16 + …) join registers i, so the result is conv(x, 2w) + b."""
     N, C_in, D, H, W = x.shape
     C_out = w.shape[0]
     DO, HO, WO = D - 3, H - 3, W - 3
@@ -44,7 +46,7 @@ def emulate(x, w, b, nd_max=3):
         kw, n, half, h, kd, ci = i & 3, (i >> 2) & 31, (i >> 7) & 1, (i >> 8) & 1, (i >> 9) & 3, i >> 11
         c, kh = n & 15, 2 * h + half
         v = w[c, ci, kd, kh, kw] if c < C_out else 0.0
-        f_s[i] = v if n < 16 else 0.0  # W_lo = 0 here
+        f_s[i] = v if n < 16 or version >= 4 else 0.0  # W_lo: 0 (version 3) or w again (version 4)
     def b_elem(start_bytes, n, k, lbo=512, sbo=128):
         """Element (n, k) of B through the descriptor (byte addresses of the kernel's 4-byte floats)."""
         return f_s[(start_bytes + (n // 8) * sbo + (n % 8) * 16 + (k // 4) * lbo + (k % 4) * 4) // 4]
@@ -97,6 +99,13 @@ def emulate(x, w, b, nd_max=3):
                                         e = (row_in_warp // 8) + 2 * (k // 4)  # a0: (g, t), a1: (g+8, t), a2: (g, t+4)
                                         off = [0, 8, PITCH, PITCH + 8][e]
                                         s += in_hi[base + off] * b_elem(fb, ncol, k)
+                                    if version >= 4:  # register i + 8 of the m64n32 accumulator: column 16 + ncol
+                                        for k in range(8):
+                                            g2, t2 = row_in_warp % 8, k % 4
+                                            base = (((ci * DD + dd) * IN_ROWS + r2 + 2 * h) * PITCH
+                                                    + 16 * (warp % 2) + g2 + t2)
+                                            e = (row_in_warp // 8) + 2 * (k // 4)
+                                            s += in_hi[base + [0, 8, PITCH, PITCH + 8][e]] * b_elem(fb, ncol + 16, k)
                                     hh[j, i] += s
                         acc += hh
                         hh[:] = 0.0
@@ -121,10 +130,12 @@ def main() -> int:
         x = rng.random((n, ci, d, h, wd))
         w = rng.random((co, ci, 4, 4, 4)) - 0.5
         b = rng.random(co)
-        ref, got = conv3d_ref(x, w, b), emulate(x, w, b)
-        err = float(np.nanmax(np.abs(got - ref))) if not np.isnan(got).any() else float("inf")
-        worst = max(worst, err)
-        print(shape, "max |emulated − numpy| =", f"{err:.1e}", "unwritten:", int(np.isnan(got).sum()))
+        for version, scale in ((3, 1.0), (4, 2.0)):
+            ref, got = conv3d_ref(x, scale * w, b), emulate(x, w, b, version=version)
+            err = float(np.nanmax(np.abs(got - ref))) if not np.isnan(got).any() else float("inf")
+            worst = max(worst, err)
+            print(shape, f"version {version}: max |emulated − numpy| =", f"{err:.1e}",
+                  "unwritten:", int(np.isnan(got).sum()))
     print("OK" if worst < 1e-12 else "MISMATCH")
     return 0 if worst < 1e-12 else 1
 
