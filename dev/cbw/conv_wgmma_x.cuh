@@ -14,6 +14,7 @@
 //   CBW_STATS (0): 1 — the statistics eval mode's guard needs (dev/eval_guard.py's relative rule), summed on the
 //     way: Σx² and Σx⁴ per input channel by the producer (each input counted once, by channel block 0), Σy² per
 //     output channel by the consumers, into stats[2·C_in + C_out] (double, zeroed by the caller) with atomics.
+//     2 — the same, Σy² in two independent chains a channel (the guard's sums cost 0.041 ms in s1.p2, H100).
 //   CBW_PIPE (1): 2 — the producer holds two tiles' loads: it issues tile i+1's loads before it waits for a free
 //     stage and writes tile i (the landed producer waits out one tile's load latency per tile: ≈ 2.5 µs a tile
 //     at 0.30 ms, the same for t3 and t9 although t9's consumers issue far fewer instructions).
@@ -533,7 +534,10 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     const float* row = reinterpret_cast<const float*>(sm + OUT_OFF + cw * OUT_BYTES);  // this consumer's row
     Pending pend{nullptr, ORef{}, 0, 0, false, false, false};  // the last row, staged in shared memory
 #if CBW_STATS
-    float y2[2] = {0.f, 0.f};  // Σy² of channels co0 + r0 and co0 + r0 + 8 over this thread's outputs
+    // Σy² of channels co0 + r0 (y2[0]) and co0 + r0 + 8 (y2[1]) over this thread's outputs, in YC independent chains
+    // (CBW_STATS 2: 2; 1: one chain of 32 dependent FMAs a tile per channel, on the consumers' critical path)
+    constexpr int YC = CBW_STATS == 2 ? 2 : 1;
+    float y2[2][YC] = {};
 #endif
 // excerpt: consumer
     for (int it = cw, tile = blockIdx.x + cw * gridDim.x; tile < s.tiles_per_cb; it += 2, tile += 2 * gridDim.x) {
@@ -573,7 +577,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     if (valid == TILE_W || 8 * j + c0 + (e & 1) < valid)
-                        y2[e >> 1] = fmaf(acc[4 * j + e], acc[4 * j + e], y2[e >> 1]);
+                        y2[e >> 1][j % YC] = fmaf(acc[4 * j + e], acc[4 * j + e], y2[e >> 1][j % YC]);
         }
 #endif
         if (CBW_DIAG == 3) {  // keep the products live (one value a thread), store nothing
@@ -601,7 +605,9 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     if (stats != nullptr) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            float a = y2[e];
+            float a = 0.f;
+#pragma unroll
+            for (int k = 0; k < YC; ++k) a += y2[e][k];
             a += __shfl_xor_sync(0xffffffffu, a, 1);
             a += __shfl_xor_sync(0xffffffffu, a, 2);
             const int c = co0 + r0 + 8 * e;
