@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s) O=/tmp/o; mkdir -p $O
 ND=${P27W_ND:-3} VERS=${P27W_VERSIONS:-3,4} KG=${MW_KG:-2} TOOLS=${SAN_TOOLS:-memcheck racecheck}
-CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t9.f1.l1.r1 t3.f1.l1.r2 t3.f1.l1.s1 t3.f1.l1.s2} CBW_NEW=${CBW_NEW:-t3.f1.l1.r2}
+CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t9.f1.l1.r1 t3.f1.l1.r2 t3.f1.l1.s2 t3.f1.l1.x136 t3.f1.l1.x136.d4 t3.f1.l1.r2.x136} CBW_NEW=${CBW_NEW:-t3.f1.l1.r2.x136}
 # 1: dev/p27w's (versions 3, 4), dev/mw's, dev/edge's runs too (the last two unchanged since measured)
 P27W=${RUN_P27W:-1} MW=${RUN_MW:-0} EDGE=${RUN_EDGE:-0}
 python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
@@ -64,11 +64,12 @@ grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Registers|Achieved Occ|Execute
   > $O/ncu-edge.txt 2>&1; echo "ncu edge rc=$?"
 grep -E "edge_|Duration|Compute \(SM\) Thro|Memory Thro|Achieved Occ|Registers|L2 Hit|Mem Busy" $O/ncu-edge.txt | head -30
 timeout 90 ncu --clock-control none -k regex:conv3x3 -c 3 --section SpeedOfLight --section WarpStateStats \
-  --section InstructionStats --section MemoryWorkloadAnalysis python3 dev/cbw/variants.py --ncu \
-  ${CBW_NCU:-t3.f1.l1 t3.f1.l1.r2} \
+  --section InstructionStats --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+  python3 dev/cbw/variants.py --ncu \
+  ${CBW_NCU:-t3.f1.l1 t3.f1.l1.x136.d4} \
   > $O/ncu-cbw.txt 2>&1
-echo "ncu cbw rc=$?"; grep -E "Duration|DRAM Thro|Compute \(SM\) Thro|Warp Cycles Per Issued|Issued Instructions |Shared" \
-  $O/ncu-cbw.txt | head -24
+echo "ncu cbw rc=$?"; grep -E "Duration|DRAM Thro|Compute \(SM\) Thro|Warp Cycles Per Issued|Issued Instructions |Shared|Bank" \
+  $O/ncu-cbw.txt | head -40
 [ $MW = 1 ] && timeout 60 ncu --clock-control none -k regex:moments_wgmma -c 1 --section SpeedOfLight --section WarpStateStats \
   --section MemoryWorkloadAnalysis python3 dev/mw/run.py --ncu --kg $KG > $O/ncu-mw.txt 2>&1; echo "ncu mw rc=$?"
 grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Stall" $O/ncu-mw.txt | head -12

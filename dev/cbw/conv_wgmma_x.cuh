@@ -25,6 +25,11 @@
 //     4 KB of B from shared memory instead of 6 KB (27 per tile: 162 KB → 108 KB). 72 more registers a consumer
 //     thread, so the producer gives registers back (setmaxnreg 72) and the consumers take them (216). 2 — only
 //     A_hi from registers (36), A_lo from shared memory: 162 KB → 126 KB a tile, and t3 fits (166 + 36).
+//   CBW_PIX (132): pixels per staged row. 136 puts every row (and half, plane, stage) on a 128-byte boundary
+//     (132 · 16 = 2,112 bytes = 16.5 lines): taps kh = 1, 2 then start their B operand line-aligned.
+//   CBW_DIAG 4 (diagnostic, wrong outputs): every tap reads B at kw = 0 (no 16-byte pixel shift), so with
+//     CBW_PIX 136 every wgmma's B is 128-byte aligned: what the shifted windows cost, if shared memory reads a
+//     core matrix that straddles a 128-byte line as two.
 // The landed kernel's description follows.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
@@ -84,6 +89,9 @@
 #ifndef CBW_RS
 #define CBW_RS 0
 #endif
+#ifndef CBW_PIX
+#define CBW_PIX 132
+#endif
 #ifndef CBW_RS_PRODUCER
 #define CBW_RS_PRODUCER 72   // registers a producer thread keeps; 128·72 + 256·216 = 384·168, the block's
 #endif
@@ -110,7 +118,7 @@ constexpr int TILE_W = 128;         // output pixels per row (the wgmma's N)
 constexpr int ROWS = 1;             // output rows per tile; the two consumer warpgroups take alternate tiles
 constexpr int IN_ROWS = ROWS + K3 - 1;
 constexpr int IN_W = TILE_W + K3 - 1;  // 130 staged pixels
-constexpr int PIX = 132;            // pixels per staged row (16 bytes each per half)
+constexpr int PIX = CBW_PIX;        // pixels per staged row (16 bytes each per half)
 constexpr int STAGES = 4;           // even: stages 2k + c feed consumer c
 constexpr int THREADS = 384;
 constexpr int HALF_BYTES = IN_ROWS * PIX * 16;       // 6,336: one half (4 channels) of one plane
@@ -278,7 +286,7 @@ __device__ __forceinline__ void issue_group_rs(float (&d)[64], uint32_t stage, c
     wg_fence();
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
+        const int tap = t0 + i, kh = tap / K3, kw = CBW_DIAG == 4 ? 0 : tap % K3;
         const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
 #if CBW_RS == 2  // A_lo from shared memory (its 36 registers do not fit beside t3's 166)
         mma(d, desc(filt + tap * TAP_BYTES + FILTER_PLANE, 1024, 128), desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
@@ -289,7 +297,7 @@ __device__ __forceinline__ void issue_group_rs(float (&d)[64], uint32_t stage, c
     }
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
+        const int tap = t0 + i, kh = tap / K3, kw = CBW_DIAG == 4 ? 0 : tap % K3;
         mma_rs(d, ah[tap], desc(stage + (kh * PIX + kw) * 16, HALF_BYTES, 128), 1);
     }
     wg_commit();
@@ -299,7 +307,7 @@ __device__ __forceinline__ void issue_group(float (&d)[64], uint32_t stage, uint
     wg_fence();
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
+        const int tap = t0 + i, kh = tap / K3, kw = CBW_DIAG == 4 ? 0 : tap % K3;
         const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
         const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
         mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
@@ -307,7 +315,7 @@ __device__ __forceinline__ void issue_group(float (&d)[64], uint32_t stage, uint
     }
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
+        const int tap = t0 + i, kh = tap / K3, kw = CBW_DIAG == 4 ? 0 : tap % K3;
         const uint32_t b_hi = stage + (kh * PIX + kw) * 16, a_hi = filt + tap * TAP_BYTES;
         mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
     }
@@ -684,6 +692,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
 #undef CBW_DIAG
 #undef CBW_RS
 #undef CBW_RS_PRODUCER
+#undef CBW_PIX
 #undef CBW_RS_CONSUMER
 #undef CBW_AT
 #undef CBW_ROW_REF
