@@ -30,6 +30,13 @@
 //   CBW_DIAG 4 (diagnostic, wrong outputs): every tap reads B at kw = 0 (no 16-byte pixel shift), so with
 //     CBW_PIX 136 every wgmma's B is 128-byte aligned: what the shifted windows cost, if shared memory reads a
 //     core matrix that straddles a 128-byte line as two.
+//   CBW_RING (0): 1 — a ring of RING = 3 · STAGES staged input rows instead of a stage of three rows per tile. A
+//     block takes a contiguous run of its channel block's tiles, ordered down each column strip (n, column tile,
+//     row), so a tile stages one new input row (three where a strip starts): the producer's global loads, splits
+//     and shared-memory writes fall to a third. The tile's three rows are ring slots (q + kh) % RING, q its first
+//     row's sequence number, which consumer and producer both compute from the tile's place in the run. A
+//     producer at tile i has seen tiles ≤ i − STAGES released, and a tile adds at most 3 rows, so the slot it
+//     overwrites is no longer read. (Not with CBW_STATS.)
 // The landed kernel's description follows.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
@@ -92,6 +99,9 @@
 #ifndef CBW_PIX
 #define CBW_PIX 132
 #endif
+#ifndef CBW_RING
+#define CBW_RING 0
+#endif
 #ifndef CBW_RS_PRODUCER
 #define CBW_RS_PRODUCER 72   // registers a producer thread keeps; 128·72 + 256·216 = 384·168, the block's
 #endif
@@ -126,7 +136,17 @@ constexpr int PLANE_BYTES = 2 * HALF_BYTES;          // 12,672
 constexpr int STAGE_BYTES = 2 * PLANE_BYTES;         // hi and lo: 25,344
 constexpr int TAP_BYTES = 2 * CO_B * 16;             // 2,048: one tap of one filter plane
 constexpr int FILTER_PLANE = K3 * K3 * TAP_BYTES;    // 18,432
-constexpr int FILTER_OFF = STAGES * STAGE_BYTES;     // 101,376
+constexpr int ROW_BYTES = PIX * 16;                  // one staged row of one half of one plane
+#if CBW_RING
+constexpr int RING = 3 * STAGES;                     // staged input rows (see CBW_RING)
+constexpr int B_LBO = RING * ROW_BYTES;              // B's next 4 channels: the ring's other half
+constexpr int B_PLANE = 2 * B_LBO;                   // hi → lo
+constexpr int IN_BYTES = 2 * B_PLANE;
+static_assert(!CBW_STATS, "CBW_RING counts no statistics");
+#else
+constexpr int B_LBO = HALF_BYTES, B_PLANE = PLANE_BYTES, IN_BYTES = STAGES * STAGE_BYTES;
+#endif
+constexpr int FILTER_OFF = IN_BYTES;                 // 101,376
 constexpr int BIAS_OFF = FILTER_OFF + 2 * FILTER_PLANE;
 constexpr int OUT_PITCH = TILE_W + 8;              // 136 ≡ 8 (mod 32): a half-warp's 4 rows hit 32 banks
 constexpr int OUT_OFF = BIAS_OFF + CO_B * 4;         // per consumer: the row's 64 channels × 128 pixels
@@ -143,10 +163,17 @@ struct Shape {
 };
 
 __device__ __forceinline__ void tile_coords(int tile, const Shape& s, int64_t& n, int& oh0, int& ow0) {
+#if CBW_RING  // down each column strip: (n, column tile, row)
+    oh0 = (tile % s.row_tiles) * ROWS;
+    tile /= s.row_tiles;
+    ow0 = (tile % s.col_tiles) * TILE_W;
+    n = tile / s.col_tiles;
+#else
     ow0 = (tile % s.col_tiles) * TILE_W;
     tile /= s.col_tiles;
     oh0 = (tile % s.row_tiles) * ROWS;
     n = tile / s.row_tiles;
+#endif
 }
 
 #ifdef KB_CBW
@@ -268,6 +295,45 @@ __device__ __forceinline__ void write_input(unsigned char* st, const float (&v)[
     }
 }
 
+#if CBW_RING
+// kNR input rows from ih0 (1, or 3 where a strip starts): item = (h, row, pixel) as load_input's.
+template <int kNR>
+__device__ __forceinline__ void load_rows(float (&v)[PER][4], const float* __restrict__ x, const Shape& s, int64_t n,
+                                          int ih0, int ow0, int t) {
+    const int64_t plane = static_cast<int64_t>(s.H) * s.W;
+    const float* xn = x + n * s.C_in * plane;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        const int item = t + 128 * k;
+        if (128 * k >= 2 * kNR * IN_W) break;
+        const int h = item / (kNR * IN_W), row = item / IN_W % kNR, px = item % IN_W;
+        const int ih = ih0 + row, iw = ow0 + px;
+        const bool in = item < 2 * kNR * IN_W && ih < s.H && iw < s.W;
+        const float* p = xn + (4 * h) * plane + static_cast<int64_t>(ih) * s.W + iw;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) v[k][c] = in && 4 * h + c < s.C_in ? __ldg(p + c * plane) : 0.f;
+    }
+}
+// The rows, split, into ring slots (q + row) % RING.
+template <int kNR>
+__device__ __forceinline__ void write_rows(unsigned char* ring, const float (&v)[PER][4], int q, int t) {
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        const int item = t + 128 * k;
+        if (item >= 2 * kNR * IN_W) break;
+        const int h = item / (kNR * IN_W), row = item / IN_W % kNR, px = item % IN_W;
+        float4 hi, lo;
+        split(v[k][0], hi.x, lo.x);
+        split(v[k][1], hi.y, lo.y);
+        split(v[k][2], hi.z, lo.z);
+        split(v[k][3], hi.w, lo.w);
+        const int off = h * B_LBO + ((q + row) % RING) * ROW_BYTES + px * 16;
+        *reinterpret_cast<float4*>(ring + off) = hi;
+        *reinterpret_cast<float4*>(ring + B_PLANE + off) = lo;
+    }
+}
+#endif
+
 // Taps t0 … t0+n−1's products into d, from zero, as one committed group: every tap's small terms, then their
 // hi·hi (n = 1: lo·hi, hi·lo, hi·hi, the landed kernel's order).
 // d (+)= a · b with a (64×8) from registers: warp w's lane (g, q) holds rows 16w + g, +8 at k = q, q + 4.
@@ -281,43 +347,44 @@ __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 template <int kN>
-__device__ __forceinline__ void issue_group_rs(float (&d)[64], uint32_t stage, const uint32_t (&ah)[9][4],
+__device__ __forceinline__ void issue_group_rs(float (&d)[64], const uint32_t (&rows)[3],
+                                               const uint32_t (&ah)[9][4],
                                                const uint32_t (&al)[CBW_RS == 2 ? 1 : 9][4], uint32_t filt, int t0) {
     wg_fence();
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
         const int tap = t0 + i, kh = tap / K3, kw = CBW_DIAG == 4 ? 0 : tap % K3;
-        const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
+        const uint32_t b_hi = rows[kh] + kw * 16, b_lo = b_hi + B_PLANE;
 #if CBW_RS == 2  // A_lo from shared memory (its 36 registers do not fit beside t3's 166)
-        mma(d, desc(filt + tap * TAP_BYTES + FILTER_PLANE, 1024, 128), desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
+        mma(d, desc(filt + tap * TAP_BYTES + FILTER_PLANE, 1024, 128), desc(b_hi, B_LBO, 128), i == 0 ? 0 : 1);
 #else
-        mma_rs(d, al[tap], desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
+        mma_rs(d, al[tap], desc(b_hi, B_LBO, 128), i == 0 ? 0 : 1);
 #endif
-        mma_rs(d, ah[tap], desc(b_lo, HALF_BYTES, 128), 1);
+        mma_rs(d, ah[tap], desc(b_lo, B_LBO, 128), 1);
     }
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
         const int tap = t0 + i, kh = tap / K3, kw = CBW_DIAG == 4 ? 0 : tap % K3;
-        mma_rs(d, ah[tap], desc(stage + (kh * PIX + kw) * 16, HALF_BYTES, 128), 1);
+        mma_rs(d, ah[tap], desc(rows[kh] + kw * 16, B_LBO, 128), 1);
     }
     wg_commit();
 }
 template <int kN>
-__device__ __forceinline__ void issue_group(float (&d)[64], uint32_t stage, uint32_t filt, int t0) {
+__device__ __forceinline__ void issue_group(float (&d)[64], const uint32_t (&rows)[3], uint32_t filt, int t0) {
     wg_fence();
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
         const int tap = t0 + i, kh = tap / K3, kw = CBW_DIAG == 4 ? 0 : tap % K3;
-        const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
+        const uint32_t b_hi = rows[kh] + kw * 16, b_lo = b_hi + B_PLANE;
         const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
-        mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
-        mma(d, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
+        mma(d, desc(a_lo, 1024, 128), desc(b_hi, B_LBO, 128), i == 0 ? 0 : 1);
+        mma(d, desc(a_hi, 1024, 128), desc(b_lo, B_LBO, 128), 1);
     }
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
         const int tap = t0 + i, kh = tap / K3, kw = CBW_DIAG == 4 ? 0 : tap % K3;
-        const uint32_t b_hi = stage + (kh * PIX + kw) * 16, a_hi = filt + tap * TAP_BYTES;
-        mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
+        const uint32_t b_hi = rows[kh] + kw * 16, a_hi = filt + tap * TAP_BYTES;
+        mma(d, desc(a_hi, 1024, 128), desc(b_hi, B_LBO, 128), 1);
     }
     wg_commit();
 }
@@ -415,6 +482,10 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     const uint32_t base = smem_u32(sm);
     const uint32_t bars = base + BAR_OFF;  // full[STAGES], then empty[STAGES]
     const int co0 = blockIdx.y * CO_B;
+#if CBW_RING  // this block's run of tiles [lo, hi)
+    const int lo = static_cast<int>(static_cast<int64_t>(blockIdx.x) * s.tiles_per_cb / gridDim.x);
+    const int hi = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * s.tiles_per_cb / gridDim.x);
+#endif
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
@@ -473,7 +544,28 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             tile_coords(tile, s, n, oh0, ow0);
             load_input(vv, x, s, n, oh0, ow0, t);
         };
-#if CBW_PIPE == 2
+#if CBW_RING
+        int q = 0;  // input rows staged so far: the next one's sequence number
+        for (int i = 0; lo + i < hi; ++i) {
+            int64_t n;
+            int oh0, ow0;
+            tile_coords(lo + i, s, n, oh0, ow0);
+            const bool start = i == 0 || oh0 == 0;  // a strip starts: all three rows
+            if (CBW_DIAG != 2) {
+                if (start) load_rows<3>(v, x, s, n, oh0, ow0, t);
+                else load_rows<1>(v, x, s, n, oh0 + 2, ow0, t);
+            }
+            const int st = i % STAGES;
+            mbar_wait(bars + 8 * (STAGES + st), ((i / STAGES) & 1) ^ 1);  // tiles ≤ i − STAGES are done
+            if (CBW_DIAG != 2) {
+                if (start) write_rows<3>(sm, v, q, t);
+                else write_rows<1>(sm, v, q, t);
+            }
+            q += start ? 3 : 1;
+            fence_proxy_async();
+            mbar_arrive(bars + 8 * st);
+        }
+#elif CBW_PIPE == 2
         float v2[PER][4];
         int tile = blockIdx.x;
         if (tile < s.tiles_per_cb) load(v, tile);
@@ -548,7 +640,11 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     float y2[2][YC] = {};
 #endif
 // excerpt: consumer
+#if CBW_RING
+    for (int it = cw, tile = lo + cw; tile < hi; it += 2, tile += 2) {
+#else
     for (int it = cw, tile = blockIdx.x + cw * gridDim.x; tile < s.tiles_per_cb; it += 2, tile += 2 * gridDim.x) {
+#endif
         const int st = it % STAGES;
         int64_t n;
         int oh, ow0;
@@ -558,16 +654,24 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             mbar_arrive(bars + 8 * (STAGES + st));
             continue;
         }
+#if CBW_RING
+        // the tile's first row: rows staged before it, less 2 unless its strip starts here (producer's count)
+        const int q = it + 2 * (tile / s.row_tiles - lo / s.row_tiles);
+        const uint32_t rows[3] = {base + (q % RING) * ROW_BYTES, base + ((q + 1) % RING) * ROW_BYTES,
+                                  base + ((q + 2) % RING) * ROW_BYTES};
+#else
         const uint32_t stage = base + st * STAGE_BYTES;
+        const uint32_t rows[3] = {stage, stage + ROW_BYTES, stage + 2 * ROW_BYTES};
+#endif
         float acc[64], d[64];
 #pragma unroll
         for (int j = 0; j < 16; ++j) acc[4 * j] = acc[4 * j + 1] = b0, acc[4 * j + 2] = acc[4 * j + 3] = b1;
 #pragma unroll
         for (int g = 0; g < GROUPS; ++g) {
 #if CBW_RS
-            issue_group_rs<CBW_TAPS>(d, stage, ah, al, filt, g * CBW_TAPS);
+            issue_group_rs<CBW_TAPS>(d, rows, ah, al, filt, g * CBW_TAPS);
 #else
-            issue_group<CBW_TAPS>(d, stage, filt, g * CBW_TAPS);
+            issue_group<CBW_TAPS>(d, rows, filt, g * CBW_TAPS);
 #endif
 #pragma unroll
             for (int q = 0; q < PARTS_PER_GROUP; ++q)  // while the tensor core multiplies (none in group 0)
@@ -693,6 +797,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
 #undef CBW_RS
 #undef CBW_RS_PRODUCER
 #undef CBW_PIX
+#undef CBW_RING
 #undef CBW_RS_CONSUMER
 #undef CBW_AT
 #undef CBW_ROW_REF

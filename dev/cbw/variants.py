@@ -8,14 +8,14 @@
     python dev/cbw/variants.py --quick t3 t9                  # checks and timings without the book's extension
 
 A variant names its switches (the header's macros), dot-separated: t<n> CBW_TAPS (taps per FADD), f<n>
-CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS, p<n> CBW_PIPE, r<n> CBW_RS, x<n> CBW_PIX, d<n> CBW_DIAG
-(diagnostics: their checks fail by design); "t1" alone is session 19's kernel, t3.f1.l1 the one in kernels/ now.
-Checks (every variant, NaN-poisoned outputs): the odd shapes of the book's wgmma test against float64, beside cuDNN
-float32 (TF32 off), and the definition's input classes (P73's, as the GPU tests draw them) against float64, beside
-cuDNN float32 and the book's own 3xTF32 path (the landed wgmma kernel). A variant passes where nothing is unwritten,
-its error is at most 2× cuDNN's (cancelling 6×, wide 2.5×: where the landed 3xTF32 path is held too); its ratio to
-the landed kernel's error is reported beside it. With s1 the statistics (Σx², Σx⁴ per input channel, Σy² per output
-channel) must match float64 sums to 1e-4, and the timing includes them.
+CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS, p<n> CBW_PIPE, r<n> CBW_RS, x<n> CBW_PIX, g<n> CBW_RING, d<n>
+CBW_DIAG (diagnostics: their checks fail by design); "t1" alone is session 19's kernel, t3.f1.l1 the one in kernels/
+now. Checks (every variant, NaN-poisoned outputs): the odd shapes of the book's wgmma test against float64, beside
+cuDNN float32 (TF32 off), and the definition's input classes (P73's, as the GPU tests draw them) against float64,
+beside cuDNN float32 and the book's own 3xTF32 path (the landed wgmma kernel). A variant passes where nothing is
+unwritten, its error is at most 2× cuDNN's (cancelling 6×, wide 2.5×: where the landed 3xTF32 path is held too); its
+ratio to the landed kernel's error is reported beside it. With s1 the statistics (Σx², Σx⁴ per input channel, Σy²
+per output channel) must match float64 sums to 1e-4, and the timing includes them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 MACROS = {"t": "CBW_TAPS", "f": "CBW_STORE_FAST", "l": "CBW_STORE_LDS", "s": "CBW_STATS", "p": "CBW_PIPE",
-          "d": "CBW_DIAG", "r": "CBW_RS", "x": "CBW_PIX"}
+          "d": "CBW_DIAG", "r": "CBW_RS", "x": "CBW_PIX", "g": "CBW_RING"}
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_MISS
 
@@ -40,7 +40,7 @@ MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_
 def defines(variant: str) -> dict[str, int]:
     out = {}
     for part in variant.split("."):
-        m = re.fullmatch(r"([tflspdrx])(\d+)", part)
+        m = re.fullmatch(r"([tflspdrxg])(\d+)", part)
         if not m:
             raise SystemExit(f"unknown switch {part!r} in variant {variant!r} (one of {''.join(MACROS)}, then <n>)")
         out[MACROS[m.group(1)]] = int(m.group(2))
