@@ -15,7 +15,8 @@ t0=$(date +%s) O=/tmp/o; mkdir -p $O
 ND=${P27W_ND:-3} VERS=${P27W_VERSIONS:-3,4} KG=${MW_KG:-2} TOOLS=${SAN_TOOLS:-memcheck racecheck}
 CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t9.f1.l1.r1 t3.f1.l1.r2 t3.f1.l1.x136 t3.f1.l1.x136.d4 t3.f1.l1.r2.x136 t3.f1.l1.g1 t3.f1.l1.g1.x136} 
 CBW_NEW=${CBW_NEW:-t3.f1.l1.g1.x136}
-# 1: dev/p27w's (versions 3, 4), dev/mw's, dev/edge's runs too (the last two unchanged since measured)
+# 1: dev/p27w's (versions 3, 4), dev/mw's, dev/edge's runs too (the last two unchanged since measured);
+# P27W_NCU=1 profiles dev/p27w too
 P27W=${RUN_P27W:-1} MW=${RUN_MW:-0} EDGE=${RUN_EDGE:-0}
 python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
   > $O/build-book.log 2>&1 &
@@ -40,6 +41,7 @@ if [ $EDGE = 1 ]; then
 fi
 timeout 60 python3 dev/guard_probe.py > $O/guard.json 2>&1; echo "guard rc=$?"; tail -2 $O/guard.json
 echo "timed: $(( $(date +%s) - t0 )) s"
+tar czf $OUT/lean.tgz -C $O .  # again at the end: what a call cut short still returns
 ( timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv_bn_scale.py tests/test_conv_definition.py \
     > $O/pytest-gpu.log 2>&1; echo "pytest rc=$?" >> $O/pytest-gpu.log ) &
 ( timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize.py conv_bn_scale \
@@ -56,7 +58,7 @@ for tool in $TOOLS; do
 done
 wait; tail -n 3 /tmp/san-*.log | tee $O/sanitizer.txt; tail -n 4 $O/pytest-gpu.log
 echo "sanitized: $(( $(date +%s) - t0 )) s"
-[ $P27W = 1 ] && timeout 100 ncu --clock-control none -k regex:conv3d -c 4 --section SpeedOfLight --section LaunchStats \
+[ $P27W = 1 ] && [ ${P27W_NCU:-0} = 1 ] && timeout 100 ncu --clock-control none -k regex:conv3d -c 4 --section SpeedOfLight --section LaunchStats \
   --section Occupancy --section WarpStateStats --section InstructionStats \
   python3 dev/p27w/run.py --ncu --nd $ND --version $VERS > $O/ncu.txt 2>&1; echo "ncu rc=$?"
 grep -E "Duration|Compute \(SM\) Thro|Memory Thro|Registers|Achieved Occ|Executed Ipc|Stall|conv3d" $O/ncu.txt | head -40
