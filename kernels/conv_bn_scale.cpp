@@ -10,14 +10,12 @@
 // in-place path for this call when it would exceed the float32 allowance (conv_moments.cuh), without a host
 // synchronisation; for C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
-// (kernelbook/folding.py): eval-mode P73 in one launch, or where math="auto" takes eval's guard, four (the wgmma
-// convolution with the guard's sums, the guard, and the FFMA convolution it turns away or lets rewrite y).
+// (kernelbook/folding.py): eval-mode P73 in one launch.
 // math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
 // cores; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it is faster than FFMA: tc_rates.h, else fp32) —
 // except where nothing guards against products that cancel, where a split product errs up to 4x an FFMA's
-// (chapter 7 measures both): "auto" keeps the in-place strategy (the guard's path for such data) on FFMA, and eval
-// mode on the tensor cores only where its guard runs (with the wgmma convolution, which sums what it needs);
-// math="3xtf32" puts them on the tensor cores unguarded.
+// (chapter 7 measures both): "auto" keeps the in-place strategy (the guard's path for such data) and eval mode (which
+// has no guard) on FFMA; math="3xtf32" puts them on the tensor cores.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -85,18 +83,12 @@ void check_channel_vector(const char* op, const std::optional<torch::Tensor>& t,
 const float* ptr_or_null(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
 
 // The output convolution's arithmetic for x on its GPU: math "auto" → 3xTF32 where it runs (sm_80 or newer,
-// C_in ≤ 8) and pays (dense TF32 at least 3.5× FP32: tc_rates.h — not on sm_86/sm_89), FFMA otherwise; in eval
-// mode the tensor cores with eval's guard where the wgmma convolution runs (it sums what the guard needs), FFMA
-// elsewhere. "3xtf32" where it cannot run is an error that says why.
+// C_in ≤ 8) and pays (dense TF32 at least 3.5× FP32: tc_rates.h — not on sm_86/sm_89), FFMA otherwise, and
+// FFMA in eval mode (no guard there: see the header); "3xtf32" where it cannot run is an error that says why.
 int resolve_math(const char* op, const std::string& math, const torch::Tensor& x, bool eval = false) {
     KB_CHECK(math == "auto" || math == "fp32" || math == "3xtf32", op,
              ": math must be 'auto', 'fp32' or '3xtf32', got '", math, "'");
-    if (math == "auto" && eval) {
-        bool guarded = false;
-        kb::check_cuda(cbs_eval_guard_runs(static_cast<int>(x.size(1)), &guarded), op, "asking for the wgmma path");
-        return guarded ? kCbsGuarded : kCbsFp32;
-    }
-    if (math == "fp32") return kCbsFp32;
+    if (math == "fp32" || (math == "auto" && eval)) return kCbsFp32;
     int major = 0, minor = 0;
     kb::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.device().index()), op,
                    "reading the GPU's compute capability");
@@ -111,23 +103,7 @@ int resolve_math(const char* op, const std::string& math, const torch::Tensor& x
     return kCbs3xTf32;
 }
 
-std::string math_name(int math) { return math == kCbs3xTf32 ? "3xtf32" : math == kCbsGuarded ? "guarded" : "fp32"; }
-
-// The eval convolution into y (checked by the caller) on the current stream; returns the guard's workspace (doubles)
-// when math is kCbsGuarded, else an empty tensor.
-torch::Tensor run_eval(const char* op, const torch::Tensor& x, const torch::Tensor& w,
-                       const std::optional<torch::Tensor>& b, torch::Tensor& y, int math) {
-    const int c_in = static_cast<int>(x.size(1)), c_out = static_cast<int>(w.size(0));
-    torch::Tensor ws = math == kCbsGuarded
-                           ? torch::empty({cbs_eval_guard_workspace(c_in, c_out)}, x.options().dtype(torch::kFloat64))
-                           : torch::Tensor();
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-    kb::check_launch(launch_cbs_eval(x.data_ptr<float>(), w.data_ptr<float>(), ptr_or_null(b), y.data_ptr<float>(),
-                                     x.size(0), c_in, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)), c_out,
-                                     math, stream, ws.defined() ? ws.data_ptr<double>() : nullptr),
-                     op);
-    return ws;
-}
+std::string math_name(int math) { return math == kCbs3xTf32 ? "3xtf32" : "fp32"; }
 
 }  // namespace
 
@@ -140,31 +116,13 @@ torch::Tensor conv_bn_scale_eval(const torch::Tensor& x, const torch::Tensor& fo
     const c10::cuda::CUDAGuard guard(x.device());
     const int m = resolve_math(op, math, x, /*eval=*/true);
     if (y.numel() == 0) return y;
-    run_eval(op, x, folded_w, folded_b, y, m);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    kb::check_launch(launch_cbs_eval(x.data_ptr<float>(), folded_w.data_ptr<float>(), ptr_or_null(folded_b),
+                                     y.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
+                                     static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                                     static_cast<int>(folded_w.size(0)), m, stream),
+                     op);
     return y;
-}
-
-// Eval mode's guard on x and the folded weights, for inspection: runs the guarded convolution into a scratch output
-// and reads the guard's φ, the sparsest output channel's non-zero taps, the largest input kurtosis and its choice
-// (one host synchronisation). Where the guarded path does not run (no wgmma, C_in > 8) an error says so.
-pybind11::dict conv_bn_scale_eval_guard(const torch::Tensor& x, const torch::Tensor& folded_w,
-                                        const std::optional<torch::Tensor>& folded_b) {
-    constexpr const char* op = "conv_bn_scale_eval_guard";
-    torch::Tensor y = checked_output(op, x, folded_w, folded_b, std::nullopt);
-    const c10::cuda::CUDAGuard guard(x.device());
-    KB_CHECK(resolve_math(op, "auto", x, /*eval=*/true) == kCbsGuarded, op,
-             ": eval mode's guard runs with the wgmma convolution (an sm_90 GPU, an sm_90a build, C_in <= 8, mma.sync "
-             "not forced)");
-    KB_CHECK(y.numel() > 0, op, ": the output is empty");
-    const torch::Tensor ws = run_eval(op, x, folded_w, folded_b, y, kCbsGuarded).cpu();
-    const int64_t k = ws.numel() - 4;
-    const double* v = ws.data_ptr<double>();
-    pybind11::dict out;
-    out["phi"] = v[k];
-    out["taps_min"] = static_cast<int64_t>(v[k + 1]);
-    out["kurtosis"] = v[k + 2];
-    out["tensor_cores"] = ws.slice(0, k + 3, k + 4).view(torch::kInt32)[0].item<int>() == 0;
-    return out;
 }
 
 // Training mode: y = BN(conv2d(x, conv_w, conv_b))·scale with the batch statistics; updates the running
@@ -360,7 +318,7 @@ std::string conv_bn_scale_math(const torch::Tensor& x, const std::string& math, 
 }
 
 // The tensor-core convolution's instruction on x's GPU: "wgmma" (an sm_90a build on an sm_90 GPU) or "mma.sync";
-// mma_sync = true forces mma.sync from now on (for comparisons: the outputs agree to float32 rounding), false lets the
+// mma_sync = true forces mma.sync from now on (for comparisons: the outputs are bitwise the same), false lets the
 // GPU's default choose again. Returns the instruction the next 3xTF32 convolution uses.
 std::string conv_bn_scale_tc_instruction(const torch::Tensor& x, std::optional<bool> mma_sync) {
     constexpr const char* op = "conv_bn_scale_tc_instruction";
@@ -392,13 +350,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("conv_bn_scale_math", &conv_bn_scale_math,
           "The output convolution's arithmetic that `math` resolves to for x on its GPU in `mode`: 'fp32' (FFMA) "
           "or '3xtf32' (tensor cores; in training mode math='auto' picks it where dense TF32 runs at least 3.5x "
-          "FP32, tc_rates.h, and C_in <= 8), or 'guarded' (eval mode's math='auto' where the wgmma convolution runs: "
-          "the tensor cores, with eval's guard sending data they would not convolve float32-accurately to FFMA)",
+          "FP32, tc_rates.h, and C_in <= 8; in eval mode, which has no guard against cancelling products, FFMA)",
           arg("x"), arg("math") = "auto", arg("mode") = "train");
-    m.def("conv_bn_scale_eval_guard", &conv_bn_scale_eval_guard,
-          "Eval mode's guard on x and the folded weights (runs the guarded convolution once): {'phi', 'taps_min', "
-          "'kurtosis', 'tensor_cores'}; an error where the guarded path does not run",
-          arg("x"), arg("folded_w"), arg("folded_b") = pybind11::none());
     m.def("conv_bn_scale_guard", &conv_bn_scale_guard,
           "The guard of strategy='auto' on this batch, filter and BatchNorm: {'choice', 'conv' (the moments "
           "path's convolution's arithmetic), 'predicted' (the statistics' predicted norm-wise output error), "
@@ -420,7 +373,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           arg("math"));
     m.def("conv_bn_scale_tc_instruction", &conv_bn_scale_tc_instruction,
           "The 3xTF32 convolution's instruction on x's GPU: 'wgmma' (sm_90a build, sm_90 GPU) or 'mma.sync'; "
-          "mma_sync=True forces mma.sync (the same output to float32 rounding), False restores the default",
+          "mma_sync=True forces mma.sync (bitwise the same output), False restores the default",
           arg("x"), arg("mma_sync") = pybind11::none());
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");

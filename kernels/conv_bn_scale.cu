@@ -33,7 +33,6 @@
 #include <cuda_runtime.h>
 
 #include <climits>
-#include <cmath>
 #include <cstdint>
 
 #include "bn_stats.cuh"      // chapter 1's finalize, running-statistics update, apply map and grid (shared)
@@ -680,7 +679,7 @@ void cbs_config(int* out) {
 namespace cbs {
 
 // The tensor-core convolution's instruction: wgmma where cbw::available, unless mma.sync is asked for
-// (cbs_set_tc_mma_sync: for comparisons; both agree to float32 rounding).
+// (cbs_set_tc_mma_sync: for comparisons; both give bitwise the same output).
 static int g_tc_mma_sync = 0;
 
 cudaError_t tc_uses_wgmma(bool* out) {
@@ -719,100 +718,6 @@ cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64
     st.guard = guard;
     st.run_if = run_if;
     return launch<false>(x, w, b, y, s, st, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
-}
-
-// Eval mode's guard (math "auto" where wgmma runs): the tensor-core convolution sums Σx², Σx⁴ per input channel and
-// Σy² per output channel into ws; this one block decides from them, and from the filter, whether its output is
-// float32-accurate. With E[x_i²] per input channel, Q_c = Σ_i E[x_i²]·Σ_taps w_ci² and φ = √(Σ_c Q_c / Σ_c E[y_c²])
-// (how much the products cancel: the split's error is ≈ u·φ), a float32 FFMA chain over K non-zero products errs
-// at least ≈ u·φ·√K/3 where its partial sums do not cancel systematically, so the split stays within twice the
-// library where the sparsest output channel has K ≥ 9 non-zero taps. The rule keeps a margin and refuses what the
-// model does not cover — strong cancellation (φ > 2.5) and heavy tails (an input channel's E[x⁴]/E[x²]² > 30,
-// where one product dominates a sum): tensor cores iff φ ≤ 2.5, K ≥ 12 and kurtosis ≤ 30. Writes
-// ws[2·C_in + C_out …] = φ, K, the largest kurtosis, then the flag's word: 0 the tensor cores' output stands, 1 the
-// FFMA convolution rewrites it.
-constexpr int EG_THREADS = 256, EG_WARPS = EG_THREADS / 32;
-constexpr int EG_BATCH = 8;                                 // channels a warp loads at once
-constexpr int EG_PER_LANE = (cbw::CI * K3 * K3 + 31) / 32;  // a channel's weights per lane: 3
-constexpr double EG_PHI_MAX = 2.5, EG_KURTOSIS_MAX = 30.0;
-constexpr int EG_TAPS_MIN = 12;
-
-__global__ void __launch_bounds__(EG_THREADS) eval_guard_kernel(const float* __restrict__ w, double* ws, int64_t N,
-                                                                int C_in, int H, int W, int C_out) {
-    __shared__ double ex2[cbw::CI], part[2][EG_WARPS];
-    __shared__ int taps_min;
-    const double n_in = static_cast<double>(N) * H * W, n_out = static_cast<double>(N) * (H - K3 + 1) * (W - K3 + 1);
-    if (threadIdx.x == 0) taps_min = INT_MAX;
-    if (threadIdx.x < C_in) ex2[threadIdx.x] = ws[threadIdx.x] / n_in;
-    __syncthreads();
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, per_c = C_in * K3 * K3;
-    double q = 0.0, y2 = 0.0;
-    int taps = INT_MAX;
-    // A warp per output channel, lanes over its C_in·9 weights (coalesced), with EG_BATCH channels' loads in flight
-    // at once: one block does all this, so its time is the number of load latencies it waits out one after another.
-    for (int c0 = warp; c0 < C_out; c0 += EG_WARPS * EG_BATCH) {
-        float v[EG_BATCH][EG_PER_LANE];
-#pragma unroll
-        for (int m = 0; m < EG_BATCH; ++m)
-#pragma unroll
-            for (int r = 0; r < EG_PER_LANE; ++r) {
-                const int c = c0 + m * EG_WARPS, j = lane + 32 * r;
-                v[m][r] = c < C_out && j < per_c ? __ldg(w + static_cast<int64_t>(c) * per_c + j) : 0.f;
-            }
-        const int cy = c0 + lane * EG_WARPS;  // lane m < EG_BATCH reads channel m's Σy²
-        if (lane < EG_BATCH && cy < C_out) y2 += ws[2 * C_in + cy] / n_out;
-#pragma unroll
-        for (int m = 0; m < EG_BATCH; ++m) {
-            if (c0 + m * EG_WARPS >= C_out) break;  // warp-uniform
-            int nz = 0;
-#pragma unroll
-            for (int r = 0; r < EG_PER_LANE; ++r) {
-                const int j = lane + 32 * r;
-                const double d = v[m][r];
-                if (j < per_c) q += d * d * ex2[j / (K3 * K3)];
-                nz += v[m][r] != 0.f;
-            }
-            for (int o = 16; o > 0; o >>= 1) nz += __shfl_xor_sync(0xffffffffu, nz, o);
-            taps = min(taps, nz);
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        q += __shfl_xor_sync(0xffffffffu, q, o);
-        y2 += __shfl_xor_sync(0xffffffffu, y2, o);
-    }
-    if (lane == 0) part[0][warp] = q, part[1][warp] = y2, atomicMin(&taps_min, taps);
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    q = y2 = 0.0;
-    for (int i = 0; i < EG_WARPS; ++i) q += part[0][i], y2 += part[1][i];
-    double kurtosis = 0.0;
-    for (int i = 0; i < C_in; ++i) {  // sums that overflowed (inf/inf) or NaN inputs: an infinite kurtosis
-        const double k = ws[C_in + i] / n_in / (ex2[i] * ex2[i]);
-        if (ex2[i] != 0.0) kurtosis = k == k ? fmax(kurtosis, k) : HUGE_VAL;
-    }
-    const double phi = y2 > 0.0 ? sqrt(q / y2) : HUGE_VAL;  // an all-zero output: FFMA (exact there)
-    const bool tc = phi <= EG_PHI_MAX && taps_min >= EG_TAPS_MIN && kurtosis <= EG_KURTOSIS_MAX;  // NaN: false
-    double* out = ws + 2 * C_in + C_out;
-    out[0] = phi;
-    out[1] = taps_min;
-    out[2] = kurtosis;
-    *reinterpret_cast<unsigned*>(out + 3) = tc ? 0u : 1u;
-}
-
-// Eval mode, guarded: the wgmma convolution with the guard's sums, the guard, then the FFMA convolution, which
-// rewrites y only where the guard's flag says so. ws: cbs_eval_guard_workspace(C_in, C_out) doubles.
-cudaError_t eval_guarded(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                         int C_out, double* ws, cudaStream_t stream) {
-    if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
-    if (ws == nullptr || C_in < 1 || C_in > cbw::CI) return cudaErrorInvalidValue;
-    cudaError_t err = cudaMemsetAsync(ws, 0, cbs_eval_guard_workspace(C_in, C_out) * sizeof(double), stream);
-    if (err == cudaSuccess) err = cbw::conv(x, w, b, y, N, C_in, H, W, C_out, nullptr, 0, stream, ws);
-    if (err != cudaSuccess) return err;
-    eval_guard_kernel<<<1, EG_THREADS, 0, stream>>>(w, ws, N, C_in, H, W, C_out);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    const auto* flag = reinterpret_cast<const unsigned*>(ws + 2 * C_in + C_out + 3);
-    return eval(x, w, b, y, N, C_in, H, W, C_out, flag, kCbsFp32, stream, 1u);
 }
 
 // The in-place strategy's checks, done before anything is launched (never update the stats and then fail).
@@ -965,18 +870,8 @@ bool moments_ok(int64_t N, int C_in, int H, int W) {
 
 // Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
 cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, int math, cudaStream_t stream, double* ws) {
-    if (math == kCbsGuarded) return cbs::eval_guarded(x, w, b, y, N, C_in, H, W, C_out, ws, stream);
+                            int W, int C_out, int math, cudaStream_t stream) {
     return cbs::eval(x, w, b, y, N, C_in, H, W, C_out, nullptr, math, stream);
-}
-
-int64_t cbs_eval_guard_workspace(int C_in, int C_out) { return 2 * static_cast<int64_t>(C_in) + C_out + 4; }
-
-cudaError_t cbs_eval_guard_runs(int C_in, bool* out) {
-    bool wgmma = false;
-    const cudaError_t err = cbs::tc_uses_wgmma(&wgmma);
-    *out = err == cudaSuccess && wgmma && C_in >= 1 && C_in <= cbw::CI;
-    return err;
 }
 
 // Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply

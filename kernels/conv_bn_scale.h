@@ -12,19 +12,11 @@
 // tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or newer, C_in ≤ cbs_tf32_max_channels()). The in-place
 // training strategy gathers its statistics in the FFMA convolution's epilogue, or in a pass over y after the
 // tensor-core convolution.
-// kCbsGuarded (eval mode only, where the wgmma convolution runs): 3xTF32 with eval mode's guard, which sends inputs
-// and filters whose split products would not be float32-accurate to the FFMA convolution (conv_bn_scale.cu).
-enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1, kCbsGuarded = 2 };
+enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1 };
 
-// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null). With math
-// kCbsGuarded, ws holds cbs_eval_guard_workspace(C_in, C_out) doubles; once the stream has run, its last four are
-// the guard's φ, the sparsest output channel's non-zero taps, the largest input kurtosis, and the flag's 32-bit
-// word (0: the tensor cores' output, 1: FFMA's).
+// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
 cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, int math, cudaStream_t stream, double* ws = nullptr);
-int64_t cbs_eval_guard_workspace(int C_in, int C_out);
-// Whether eval mode's guarded path runs for C_in input channels on the current GPU (the wgmma convolution does).
-cudaError_t cbs_eval_guard_runs(int C_in, bool* out);
+                            int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
 // Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [6·C_out] (the map and the
@@ -77,7 +69,7 @@ void cbs_config(int* out);
 
 // The tensor-core convolution's instruction on the current GPU: bit 0 set for wgmma (an sm_90a build on an sm_90
 // GPU), clear for mma.sync; -1 on an error. mma_sync ≥ 0 first sets whether mma.sync is forced (for comparisons:
-// the two agree to float32 rounding); bit 1 of the result says whether it was forced before the call.
+// the two give bitwise the same output); bit 1 of the result says whether it was forced before the call.
 int cbs_tc_instruction(int mma_sync);
 // The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
 // prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:

@@ -1,9 +1,8 @@
 // conv_wgmma.cuh — P73's 3×3 convolution on Hopper's warpgroup MMA (wgmma), float32-accurate through the 3xTF32
 // split: y = conv(x, w) + b, NCHW float32, stride 1, no padding, C_in ≤ 8. Included by conv_bn_scale.cu, which
 // runs it where the binary was built for sm_90a and the GPU is sm_90 (cbw::available), conv_tf32.cuh's mma.sync
-// kernel elsewhere: the same split products, joined per filter row here and per tap there (the two agree to
-// float32 rounding). The wgmma code exists only in an sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); other targets
-// compile an empty kernel, which is never launched.
+// kernel elsewhere: the same arithmetic, so the two give the same bits. The wgmma code exists only in an sm_90a
+// build (__CUDA_ARCH_FEAT_SM90_ALL); other targets compile an empty kernel, which is never launched.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
 // channels] · X(tap)[8 channels × 128 pixels], the tap's window of the staged input shifted by (kh, kw). On wgmma
@@ -24,15 +23,13 @@
 //     a thread's loads in flight at once), splits them and writes the hi and lo planes into a ring of STAGES
 //     stages, then arrives on the stage's `full` barrier (after a proxy fence: wgmma reads shared memory through
 //     the async proxy);
-//   * two consumers (warpgroups 1, 2), taking the block's tiles in turn (stages 2k + c feed consumer c). Per
-//     filter row (three taps) nine wgmma.m64n128k8 into a fresh accumulator — the three taps' small terms (lo·hi,
-//     hi·lo) first, then their three hi·hi — then one rounded FADD into the running sum. Only the hi·hi products
-//     are truncated at the size of the running sum inside the tensor core, and with them last there are as many
-//     of those per output as with one FADD per tap; chaining all 27 products naively erred up to 10× more. After
-//     the taps the stage is released (`empty` barrier) and the row is written into shared memory; its global
-//     stores (coalesced, 256 bytes per warp store) are issued during the next tile's filter rows 2 and 3, while
-//     the tensor core works, in eight parts, without a branch per channel. (Row 1 issues none: a store there made
-//     the compiler wait for its products before the last wgmma.)
+//   * two consumers (warpgroups 1, 2), taking the block's tiles in turn (stages 2k + c feed consumer c). Per tap
+//     three wgmma.m64n128k8 (lo·hi, hi·lo, hi·hi: the small terms first) into a fresh accumulator, then a rounded
+//     FADD into the running sum (as conv_tf32.cuh does with mma.sync: chaining the taps inside the tensor core
+//     erred up to 10× more). After the taps the stage is released (`empty` barrier) and the row is written into
+//     shared memory; its global stores (coalesced, 256 bytes per warp store) are issued during the next tile's
+//     taps, while the tensor core works, in eight parts. (Tap 0 issues none: a store there made the compiler
+//     wait for that tap's products before its third wgmma.)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -41,7 +38,6 @@
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KB_CBW 1
 #endif
-
 
 namespace cbw {
 
@@ -209,116 +205,49 @@ __device__ __forceinline__ void write_input(unsigned char* st, const float (&v)[
     }
 }
 
-// Taps t0 … t0+n−1 (a filter row: n = 3) into d, from zero, as one committed group: every tap's small terms
-// (lo·hi, hi·lo), then their hi·hi.
-template <int kN>
-__device__ __forceinline__ void issue_group(float (&d)[64], uint32_t stage, uint32_t filt, int t0) {
+// One tap's three products into d, from zero, as one committed group.
+__device__ __forceinline__ void issue_tap(float (&d)[64], uint32_t stage, uint32_t filt, int tap) {
+    const int kh = tap / K3, kw = tap % K3;
+    const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
+    const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
     wg_fence();
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
-        const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
-        const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
-        mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
-        mma(d, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
-    }
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
-        const uint32_t b_hi = stage + (kh * PIX + kw) * 16, a_hi = filt + tap * TAP_BYTES;
-        mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
-    }
+    mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), 0);
+    mma(d, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
+    mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
     wg_commit();
 }
-constexpr int GROUPS = K3, PARTS_PER_GROUP = 8 / (GROUPS - 1);  // a group per filter row; group 0 stores nothing
 
 // A row staged in shared memory, stored during the next tile's taps: thread t writes pixels px = 2·(t % 64), +1
 // of channels 2k + t / 64 (a warp: 32 neighbouring pairs of one channel, 256 contiguous bytes per store).
 struct Pending {
     float* y;         // this thread's first output (channel t / 64, pixel px); null: nothing to store
-    int o;            // the same value's index in the shared-memory row (LDS: 32-bit addresses)
+    const float* o;   // the same value in the shared-memory row
     int64_t step;     // two channel planes
     int rows;         // k < rows: channel 2k + t / 64 exists
     bool pair;        // both pixels valid and y 8-byte aligned there: one float2 store
     bool second;      // pixel px + 1 valid
 };
-__device__ __forceinline__ Pending pending_row(float* yrow, int valid, int channels, int64_t oplane, bool pairs,
-                                               int t) {
+__device__ __forceinline__ Pending pending_row(float* yrow, const float* out, int valid, int channels, int64_t oplane,
+                                               bool pairs, int t) {
     const int px = 2 * (t % 64), c = t / 64;
-    // Nothing to store where the pixel or this thread's first channel is past the tile (rows ≥ 1 below: store_part
-    // clamps k to rows − 1).
-    if (px >= valid || c >= channels) return Pending{nullptr, 0, 0, 0, false, false};
-    return Pending{yrow + c * oplane + px, c * OUT_PITCH + px, 2 * oplane, (channels - c + 1) / 2,
+    if (px >= valid) return Pending{nullptr, nullptr, 0, 0, false, false};
+    return Pending{yrow + c * oplane + px, out + c * OUT_PITCH + px, 2 * oplane, (channels - c + 1) / 2,
                    pairs && px + 1 < valid, px + 1 < valid};
 }
 // Part `part` (of 8): k = 4·part … 4·part + 3.
-__device__ __forceinline__ void store_part(const Pending& p, const float* row, int part) {
+__device__ __forceinline__ void store_part(const Pending& p, int part) {
     if (p.y == nullptr) return;
-    // Branch-free over k: a channel pair past the last stores the last one's values again, to the same address.
 #pragma unroll
     for (int k = 4 * part; k < 4 * part + 4; ++k) {
-        const int kk = min(k, p.rows - 1);
-        const float2 v = *reinterpret_cast<const float2*>(row + p.o + kk * 2 * OUT_PITCH);
-        float* yc = p.y + kk * p.step;
+        if (k >= p.rows) return;
+        const float2 v = *reinterpret_cast<const float2*>(p.o + k * 2 * OUT_PITCH);
+        float* yc = p.y + k * p.step;
         if (p.pair) {
             *reinterpret_cast<float2*>(yc) = v;
         } else {
             yc[0] = v.x;
             if (p.second) yc[1] = v.y;
         }
-    }
-}
-
-// Eval mode's guard statistics (kStats). The producer's part: Σx² and Σx⁴ of the tile's input, each input counted
-// by one tile — input row oh0 (all three rows in the image's last output row), the tile's own 128 columns (all 130
-// in the last column tile).
-__device__ __forceinline__ void count_input(float (&q2)[2][4], float (&q4)[2][4], const float (&v)[PER][4],
-                                            const Shape& s, int oh0, int ow0, int t) {
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-        const int item = t + 128 * k;
-        const int h = item / (IN_ROWS * IN_W), r = item / IN_W % IN_ROWS, px = item % IN_W;
-        if (item < ITEMS && (r == 0 || oh0 == s.HO - 1) && (px < TILE_W || ow0 + TILE_W >= s.WO)) {
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const float sq = v[k][c] * v[k][c];
-                if (h == 0) q2[0][c] += sq, q4[0][c] = fmaf(sq, sq, q4[0][c]);
-                else q2[1][c] += sq, q4[1][c] = fmaf(sq, sq, q4[1][c]);
-            }
-        }
-    }
-}
-__device__ __forceinline__ void flush_input(double* stats, float (&q2)[2][4], float (&q4)[2][4], int C_in, int t) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            float a = q2[h][c], b4 = q4[h][c];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                a += __shfl_xor_sync(0xffffffffu, a, o), b4 += __shfl_xor_sync(0xffffffffu, b4, o);
-            if (t % 32 == 0 && 4 * h + c < C_in) {
-                atomicAdd(stats + 4 * h + c, static_cast<double>(a));
-                atomicAdd(stats + C_in + 4 * h + c, static_cast<double>(b4));
-            }
-        }
-}
-// The consumers' part: Σy² over the row's valid pixels, per thread for its two channels.
-__device__ __forceinline__ void count_output(float (&y2)[2], const float (&acc)[64], int valid, int c0) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (valid == TILE_W || 8 * j + c0 + (e & 1) < valid)
-                y2[e >> 1] = fmaf(acc[4 * j + e], acc[4 * j + e], y2[e >> 1]);
-}
-__device__ __forceinline__ void flush_output(double* stats, float (&y2)[2], const Shape& s, int c, int lane) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        float a = y2[e];
-        a += __shfl_xor_sync(0xffffffffu, a, 1);
-        a += __shfl_xor_sync(0xffffffffu, a, 2);
-        if (lane % 4 == 0 && c + 8 * e < s.C_out) atomicAdd(stats + 2 * s.C_in + c + 8 * e, static_cast<double>(a));
     }
 }
 
@@ -330,13 +259,10 @@ __device__ __forceinline__ void add_into(float (&acc)[64], float (&t)[64]) {
 #endif  // KB_CBW
 
 // guard: null, or run only when *guard == run_if (conv_moments.cuh's flag). Grid (blocks per channel block, channel
-// blocks); block (·, cb) walks the tiles of channel block cb. kStats: also sum what eval mode's guard needs into
-// stats[2·C_in + C_out] (double, zeroed by the caller): Σx² and Σx⁴ per input channel (the producers of channel
-// block 0, each input counted once), then Σy² per output channel (the consumers, from the outputs they hold).
-template <bool kStats>
+// blocks); block (·, cb) walks the tiles of channel block cb.
 __global__ void __launch_bounds__(THREADS, 1)
 conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                     float* __restrict__ y, Shape s, const unsigned* guard, unsigned run_if, double* stats) {
+                     float* __restrict__ y, Shape s, const unsigned* guard, unsigned run_if) {
 #ifdef KB_CBW
     if (guard != nullptr && *guard != run_if) return;  // block-uniform, before any barrier
     extern __shared__ __align__(128) unsigned char sm[];
@@ -358,7 +284,6 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     if (wg == 0) {  // the producer
         int it = 0;
         float v[PER][4];
-        float q2[2][4] = {}, q4[2][4] = {};  // kStats: Σx², Σx⁴ of channel 4h + c
         for (int tile = blockIdx.x; tile < s.tiles_per_cb; tile += gridDim.x, ++it) {
             const int st = it % STAGES;
             mbar_wait(bars + 8 * (STAGES + st), ((it / STAGES) & 1) ^ 1);
@@ -367,11 +292,9 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             tile_coords(tile, s, n, oh0, ow0);
             load_input(v, x, s, n, oh0, ow0, t);
             write_input(sm + st * STAGE_BYTES, v, t);
-            if (kStats && blockIdx.y == 0) count_input(q2, q4, v, s, oh0, ow0, t);
             fence_proxy_async();
             mbar_arrive(bars + 8 * st);
         }
-        if (kStats && blockIdx.y == 0) flush_input(stats, q2, q4, s.C_in, t);
         return;
     }
     const int cw = wg - 1;  // this consumer takes the block's tiles cw, cw + 2, cw + 4, …
@@ -381,9 +304,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     const float b0 = bias[r0], b1 = bias[r0 + 8];
     const uint32_t filt = base + FILTER_OFF;
     const int64_t oplane = static_cast<int64_t>(s.HO) * s.WO;
-    const float* row = reinterpret_cast<const float*>(sm + OUT_OFF + cw * OUT_BYTES);  // this consumer's row
-    Pending pend{nullptr, 0, 0, 0, false, false};  // the last row, staged in shared memory
-    float y2[2] = {0.f, 0.f};  // kStats: Σy² of channels co0 + r0 and co0 + r0 + 8 over this thread's outputs
+    Pending pend{nullptr, nullptr, 0, 0, false, false};  // the last row, staged in shared memory
 // excerpt: consumer
     for (int it = cw, tile = blockIdx.x + cw * gridDim.x; tile < s.tiles_per_cb; it += 2, tile += 2 * gridDim.x) {
         const int st = it % STAGES;
@@ -396,16 +317,13 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
 #pragma unroll
         for (int j = 0; j < 16; ++j) acc[4 * j] = acc[4 * j + 1] = b0, acc[4 * j + 2] = acc[4 * j + 3] = b1;
 #pragma unroll
-        for (int g = 0; g < GROUPS; ++g) {
-            issue_group<K3>(d, stage, filt, g * K3);
-#pragma unroll
-            for (int q = 0; q < PARTS_PER_GROUP; ++q)  // while the tensor core multiplies (none in group 0)
-                if (g >= 1) store_part(pend, row, (g - 1) * PARTS_PER_GROUP + q);
+        for (int tap = 0; tap < K3 * K3; ++tap) {
+            issue_tap(d, stage, filt, tap);
+            if (tap >= 1) store_part(pend, tap - 1);  // while the tensor core multiplies (none at tap 0: see above)
             wg_wait<0>();
             add_into(acc, d);
         }
         mbar_arrive(bars + 8 * (STAGES + st));  // the stage is free for the producer
-        if (kStats) count_output(y2, acc, min(TILE_W, s.WO - ow0), c0);
         float* yrow = y + (n * s.C_out + co0) * oplane + static_cast<int64_t>(oh) * s.WO;
         // The row into shared memory once every warp has stored its part of the last one; its global stores run
         // during the next tile's taps (store_part), the last row's after the loop.
@@ -418,12 +336,11 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
                 *reinterpret_cast<float2*>(out + (r0 + 8 * e) * OUT_PITCH + 8 * j + c0) =
                     make_float2(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
-        pend = pending_row(yrow + ow0, min(TILE_W, s.WO - ow0), min(CO_B, s.C_out - co0), oplane, s.y_even, t);
+        pend = pending_row(yrow + ow0, out, min(TILE_W, s.WO - ow0), min(CO_B, s.C_out - co0), oplane, s.y_even, t);
     }
 // end excerpt: consumer
 #pragma unroll
-    for (int part = 0; part < 8; ++part) store_part(pend, row, part);
-    if (kStats) flush_output(stats, y2, s, co0 + r0, lane);
+    for (int part = 0; part < 8; ++part) store_part(pend, part);
 #endif  // KB_CBW
 }
 
@@ -454,10 +371,8 @@ static cudaError_t available(bool* out) {
 }
 
 // y = conv(x, w) + b through wgmma; C_in ≤ 8, an sm_90 GPU and an sm_90a build (the caller checks: available).
-// stats: null, or the guard's sums (see the kernel), zeroed by the caller.
 static cudaError_t conv(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                        int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream,
-                        double* stats = nullptr) {
+                        int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream) {
     const int64_t per_cb = tiles_per_cb(N, H, W);
     if (per_cb == 0 || C_out <= 0) return cudaSuccess;
     if (per_cb > INT32_MAX || C_in < 1 || C_in > CI) return cudaErrorInvalidValue;
@@ -470,11 +385,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
     if (sms[device % 64] == 0) {
-        err = cudaFuncSetAttribute(conv3x3_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   SMEM_BYTES);
-        if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(conv3x3_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       SMEM_BYTES);
+        err = cudaFuncSetAttribute(conv3x3_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms[device % 64], cudaDevAttrMultiProcessorCount, device);
         if (err != cudaSuccess) return err;
     }
@@ -483,12 +394,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
     int per = sms[device % 64] / cbs;
     per = per < 1 ? 1 : per;
     per = per < s.tiles_per_cb ? per : s.tiles_per_cb;
-    if (stats != nullptr)
-        conv3x3_wgmma_kernel<true><<<dim3(per, cbs), THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if,
-                                                                                     stats);
-    else
-        conv3x3_wgmma_kernel<false><<<dim3(per, cbs), THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if,
-                                                                                      nullptr);
+    conv3x3_wgmma_kernel<<<dim3(per, cbs), THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if);
     return cudaGetLastError();
 }
 

@@ -71,7 +71,6 @@ CUDA_SRC = r'''
 #include <cuda_runtime.h>
 
 #include <climits>
-#include <cmath>
 #include <cstdint>
 // ---- begin bn_stats.cuh (inlined by scripts/make_solutions.py) ----
 // bn_stats.cuh — training-mode BatchNorm statistics, shared by chapter 1 (bn_train.cu), chapter 7's in-place
@@ -314,19 +313,11 @@ constexpr int64_t bn_apply_max_plane() { return int64_t{65535} * kBnThreads * kB
 // tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or newer, C_in ≤ cbs_tf32_max_channels()). The in-place
 // training strategy gathers its statistics in the FFMA convolution's epilogue, or in a pass over y after the
 // tensor-core convolution.
-// kCbsGuarded (eval mode only, where the wgmma convolution runs): 3xTF32 with eval mode's guard, which sends inputs
-// and filters whose split products would not be float32-accurate to the FFMA convolution (conv_bn_scale.cu).
-enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1, kCbsGuarded = 2 };
+enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1 };
 
-// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null). With math
-// kCbsGuarded, ws holds cbs_eval_guard_workspace(C_in, C_out) doubles; once the stream has run, its last four are
-// the guard's φ, the sparsest output channel's non-zero taps, the largest input kurtosis, and the flag's 32-bit
-// word (0: the tensor cores' output, 1: FFMA's).
+// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
 cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, int math, cudaStream_t stream, double* ws = nullptr);
-int64_t cbs_eval_guard_workspace(int C_in, int C_out);
-// Whether eval mode's guarded path runs for C_in input channels on the current GPU (the wgmma convolution does).
-cudaError_t cbs_eval_guard_runs(int C_in, bool* out);
+                            int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
 // Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [6·C_out] (the map and the
@@ -379,7 +370,7 @@ void cbs_config(int* out);
 
 // The tensor-core convolution's instruction on the current GPU: bit 0 set for wgmma (an sm_90a build on an sm_90
 // GPU), clear for mma.sync; -1 on an error. mma_sync ≥ 0 first sets whether mma.sync is forced (for comparisons:
-// the two agree to float32 rounding); bit 1 of the result says whether it was forced before the call.
+// the two give bitwise the same output); bit 1 of the result says whether it was forced before the call.
 int cbs_tc_instruction(int mma_sync);
 // The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
 // prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:
@@ -1500,9 +1491,8 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
 // conv_wgmma.cuh — P73's 3×3 convolution on Hopper's warpgroup MMA (wgmma), float32-accurate through the 3xTF32
 // split: y = conv(x, w) + b, NCHW float32, stride 1, no padding, C_in ≤ 8. Included by conv_bn_scale.cu, which
 // runs it where the binary was built for sm_90a and the GPU is sm_90 (cbw::available), conv_tf32.cuh's mma.sync
-// kernel elsewhere: the same split products, joined per filter row here and per tap there (the two agree to
-// float32 rounding). The wgmma code exists only in an sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); other targets
-// compile an empty kernel, which is never launched.
+// kernel elsewhere: the same arithmetic, so the two give the same bits. The wgmma code exists only in an sm_90a
+// build (__CUDA_ARCH_FEAT_SM90_ALL); other targets compile an empty kernel, which is never launched.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
 // channels] · X(tap)[8 channels × 128 pixels], the tap's window of the staged input shifted by (kh, kw). On wgmma
@@ -1523,15 +1513,13 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
 //     a thread's loads in flight at once), splits them and writes the hi and lo planes into a ring of STAGES
 //     stages, then arrives on the stage's `full` barrier (after a proxy fence: wgmma reads shared memory through
 //     the async proxy);
-//   * two consumers (warpgroups 1, 2), taking the block's tiles in turn (stages 2k + c feed consumer c). Per
-//     filter row (three taps) nine wgmma.m64n128k8 into a fresh accumulator — the three taps' small terms (lo·hi,
-//     hi·lo) first, then their three hi·hi — then one rounded FADD into the running sum. Only the hi·hi products
-//     are truncated at the size of the running sum inside the tensor core, and with them last there are as many
-//     of those per output as with one FADD per tap; chaining all 27 products naively erred up to 10× more. After
-//     the taps the stage is released (`empty` barrier) and the row is written into shared memory; its global
-//     stores (coalesced, 256 bytes per warp store) are issued during the next tile's filter rows 2 and 3, while
-//     the tensor core works, in eight parts, without a branch per channel. (Row 1 issues none: a store there made
-//     the compiler wait for its products before the last wgmma.)
+//   * two consumers (warpgroups 1, 2), taking the block's tiles in turn (stages 2k + c feed consumer c). Per tap
+//     three wgmma.m64n128k8 (lo·hi, hi·lo, hi·hi: the small terms first) into a fresh accumulator, then a rounded
+//     FADD into the running sum (as conv_tf32.cuh does with mma.sync: chaining the taps inside the tensor core
+//     erred up to 10× more). After the taps the stage is released (`empty` barrier) and the row is written into
+//     shared memory; its global stores (coalesced, 256 bytes per warp store) are issued during the next tile's
+//     taps, while the tensor core works, in eight parts. (Tap 0 issues none: a store there made the compiler
+//     wait for that tap's products before its third wgmma.)
 
 #include <cuda_runtime.h>
 
@@ -1540,7 +1528,6 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KB_CBW 1
 #endif
-
 
 namespace cbw {
 
@@ -1708,116 +1695,49 @@ __device__ __forceinline__ void write_input(unsigned char* st, const float (&v)[
     }
 }
 
-// Taps t0 … t0+n−1 (a filter row: n = 3) into d, from zero, as one committed group: every tap's small terms
-// (lo·hi, hi·lo), then their hi·hi.
-template <int kN>
-__device__ __forceinline__ void issue_group(float (&d)[64], uint32_t stage, uint32_t filt, int t0) {
+// One tap's three products into d, from zero, as one committed group.
+__device__ __forceinline__ void issue_tap(float (&d)[64], uint32_t stage, uint32_t filt, int tap) {
+    const int kh = tap / K3, kw = tap % K3;
+    const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
+    const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
     wg_fence();
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
-        const uint32_t b_hi = stage + (kh * PIX + kw) * 16, b_lo = b_hi + PLANE_BYTES;
-        const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
-        mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), i == 0 ? 0 : 1);
-        mma(d, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
-    }
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-        const int tap = t0 + i, kh = tap / K3, kw = tap % K3;
-        const uint32_t b_hi = stage + (kh * PIX + kw) * 16, a_hi = filt + tap * TAP_BYTES;
-        mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
-    }
+    mma(d, desc(a_lo, 1024, 128), desc(b_hi, HALF_BYTES, 128), 0);
+    mma(d, desc(a_hi, 1024, 128), desc(b_lo, HALF_BYTES, 128), 1);
+    mma(d, desc(a_hi, 1024, 128), desc(b_hi, HALF_BYTES, 128), 1);
     wg_commit();
 }
-constexpr int GROUPS = K3, PARTS_PER_GROUP = 8 / (GROUPS - 1);  // a group per filter row; group 0 stores nothing
 
 // A row staged in shared memory, stored during the next tile's taps: thread t writes pixels px = 2·(t % 64), +1
 // of channels 2k + t / 64 (a warp: 32 neighbouring pairs of one channel, 256 contiguous bytes per store).
 struct Pending {
     float* y;         // this thread's first output (channel t / 64, pixel px); null: nothing to store
-    int o;            // the same value's index in the shared-memory row (LDS: 32-bit addresses)
+    const float* o;   // the same value in the shared-memory row
     int64_t step;     // two channel planes
     int rows;         // k < rows: channel 2k + t / 64 exists
     bool pair;        // both pixels valid and y 8-byte aligned there: one float2 store
     bool second;      // pixel px + 1 valid
 };
-__device__ __forceinline__ Pending pending_row(float* yrow, int valid, int channels, int64_t oplane, bool pairs,
-                                               int t) {
+__device__ __forceinline__ Pending pending_row(float* yrow, const float* out, int valid, int channels, int64_t oplane,
+                                               bool pairs, int t) {
     const int px = 2 * (t % 64), c = t / 64;
-    // Nothing to store where the pixel or this thread's first channel is past the tile (rows ≥ 1 below: store_part
-    // clamps k to rows − 1).
-    if (px >= valid || c >= channels) return Pending{nullptr, 0, 0, 0, false, false};
-    return Pending{yrow + c * oplane + px, c * OUT_PITCH + px, 2 * oplane, (channels - c + 1) / 2,
+    if (px >= valid) return Pending{nullptr, nullptr, 0, 0, false, false};
+    return Pending{yrow + c * oplane + px, out + c * OUT_PITCH + px, 2 * oplane, (channels - c + 1) / 2,
                    pairs && px + 1 < valid, px + 1 < valid};
 }
 // Part `part` (of 8): k = 4·part … 4·part + 3.
-__device__ __forceinline__ void store_part(const Pending& p, const float* row, int part) {
+__device__ __forceinline__ void store_part(const Pending& p, int part) {
     if (p.y == nullptr) return;
-    // Branch-free over k: a channel pair past the last stores the last one's values again, to the same address.
 #pragma unroll
     for (int k = 4 * part; k < 4 * part + 4; ++k) {
-        const int kk = min(k, p.rows - 1);
-        const float2 v = *reinterpret_cast<const float2*>(row + p.o + kk * 2 * OUT_PITCH);
-        float* yc = p.y + kk * p.step;
+        if (k >= p.rows) return;
+        const float2 v = *reinterpret_cast<const float2*>(p.o + k * 2 * OUT_PITCH);
+        float* yc = p.y + k * p.step;
         if (p.pair) {
             *reinterpret_cast<float2*>(yc) = v;
         } else {
             yc[0] = v.x;
             if (p.second) yc[1] = v.y;
         }
-    }
-}
-
-// Eval mode's guard statistics (kStats). The producer's part: Σx² and Σx⁴ of the tile's input, each input counted
-// by one tile — input row oh0 (all three rows in the image's last output row), the tile's own 128 columns (all 130
-// in the last column tile).
-__device__ __forceinline__ void count_input(float (&q2)[2][4], float (&q4)[2][4], const float (&v)[PER][4],
-                                            const Shape& s, int oh0, int ow0, int t) {
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-        const int item = t + 128 * k;
-        const int h = item / (IN_ROWS * IN_W), r = item / IN_W % IN_ROWS, px = item % IN_W;
-        if (item < ITEMS && (r == 0 || oh0 == s.HO - 1) && (px < TILE_W || ow0 + TILE_W >= s.WO)) {
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const float sq = v[k][c] * v[k][c];
-                if (h == 0) q2[0][c] += sq, q4[0][c] = fmaf(sq, sq, q4[0][c]);
-                else q2[1][c] += sq, q4[1][c] = fmaf(sq, sq, q4[1][c]);
-            }
-        }
-    }
-}
-__device__ __forceinline__ void flush_input(double* stats, float (&q2)[2][4], float (&q4)[2][4], int C_in, int t) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            float a = q2[h][c], b4 = q4[h][c];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                a += __shfl_xor_sync(0xffffffffu, a, o), b4 += __shfl_xor_sync(0xffffffffu, b4, o);
-            if (t % 32 == 0 && 4 * h + c < C_in) {
-                atomicAdd(stats + 4 * h + c, static_cast<double>(a));
-                atomicAdd(stats + C_in + 4 * h + c, static_cast<double>(b4));
-            }
-        }
-}
-// The consumers' part: Σy² over the row's valid pixels, per thread for its two channels.
-__device__ __forceinline__ void count_output(float (&y2)[2], const float (&acc)[64], int valid, int c0) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (valid == TILE_W || 8 * j + c0 + (e & 1) < valid)
-                y2[e >> 1] = fmaf(acc[4 * j + e], acc[4 * j + e], y2[e >> 1]);
-}
-__device__ __forceinline__ void flush_output(double* stats, float (&y2)[2], const Shape& s, int c, int lane) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        float a = y2[e];
-        a += __shfl_xor_sync(0xffffffffu, a, 1);
-        a += __shfl_xor_sync(0xffffffffu, a, 2);
-        if (lane % 4 == 0 && c + 8 * e < s.C_out) atomicAdd(stats + 2 * s.C_in + c + 8 * e, static_cast<double>(a));
     }
 }
 
@@ -1829,13 +1749,10 @@ __device__ __forceinline__ void add_into(float (&acc)[64], float (&t)[64]) {
 #endif  // KB_CBW
 
 // guard: null, or run only when *guard == run_if (conv_moments.cuh's flag). Grid (blocks per channel block, channel
-// blocks); block (·, cb) walks the tiles of channel block cb. kStats: also sum what eval mode's guard needs into
-// stats[2·C_in + C_out] (double, zeroed by the caller): Σx² and Σx⁴ per input channel (the producers of channel
-// block 0, each input counted once), then Σy² per output channel (the consumers, from the outputs they hold).
-template <bool kStats>
+// blocks); block (·, cb) walks the tiles of channel block cb.
 __global__ void __launch_bounds__(THREADS, 1)
 conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                     float* __restrict__ y, Shape s, const unsigned* guard, unsigned run_if, double* stats) {
+                     float* __restrict__ y, Shape s, const unsigned* guard, unsigned run_if) {
 #ifdef KB_CBW
     if (guard != nullptr && *guard != run_if) return;  // block-uniform, before any barrier
     extern __shared__ __align__(128) unsigned char sm[];
@@ -1857,7 +1774,6 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     if (wg == 0) {  // the producer
         int it = 0;
         float v[PER][4];
-        float q2[2][4] = {}, q4[2][4] = {};  // kStats: Σx², Σx⁴ of channel 4h + c
         for (int tile = blockIdx.x; tile < s.tiles_per_cb; tile += gridDim.x, ++it) {
             const int st = it % STAGES;
             mbar_wait(bars + 8 * (STAGES + st), ((it / STAGES) & 1) ^ 1);
@@ -1866,11 +1782,9 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             tile_coords(tile, s, n, oh0, ow0);
             load_input(v, x, s, n, oh0, ow0, t);
             write_input(sm + st * STAGE_BYTES, v, t);
-            if (kStats && blockIdx.y == 0) count_input(q2, q4, v, s, oh0, ow0, t);
             fence_proxy_async();
             mbar_arrive(bars + 8 * st);
         }
-        if (kStats && blockIdx.y == 0) flush_input(stats, q2, q4, s.C_in, t);
         return;
     }
     const int cw = wg - 1;  // this consumer takes the block's tiles cw, cw + 2, cw + 4, …
@@ -1880,9 +1794,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
     const float b0 = bias[r0], b1 = bias[r0 + 8];
     const uint32_t filt = base + FILTER_OFF;
     const int64_t oplane = static_cast<int64_t>(s.HO) * s.WO;
-    const float* row = reinterpret_cast<const float*>(sm + OUT_OFF + cw * OUT_BYTES);  // this consumer's row
-    Pending pend{nullptr, 0, 0, 0, false, false};  // the last row, staged in shared memory
-    float y2[2] = {0.f, 0.f};  // kStats: Σy² of channels co0 + r0 and co0 + r0 + 8 over this thread's outputs
+    Pending pend{nullptr, nullptr, 0, 0, false, false};  // the last row, staged in shared memory
 // excerpt: consumer
     for (int it = cw, tile = blockIdx.x + cw * gridDim.x; tile < s.tiles_per_cb; it += 2, tile += 2 * gridDim.x) {
         const int st = it % STAGES;
@@ -1895,16 +1807,13 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
 #pragma unroll
         for (int j = 0; j < 16; ++j) acc[4 * j] = acc[4 * j + 1] = b0, acc[4 * j + 2] = acc[4 * j + 3] = b1;
 #pragma unroll
-        for (int g = 0; g < GROUPS; ++g) {
-            issue_group<K3>(d, stage, filt, g * K3);
-#pragma unroll
-            for (int q = 0; q < PARTS_PER_GROUP; ++q)  // while the tensor core multiplies (none in group 0)
-                if (g >= 1) store_part(pend, row, (g - 1) * PARTS_PER_GROUP + q);
+        for (int tap = 0; tap < K3 * K3; ++tap) {
+            issue_tap(d, stage, filt, tap);
+            if (tap >= 1) store_part(pend, tap - 1);  // while the tensor core multiplies (none at tap 0: see above)
             wg_wait<0>();
             add_into(acc, d);
         }
         mbar_arrive(bars + 8 * (STAGES + st));  // the stage is free for the producer
-        if (kStats) count_output(y2, acc, min(TILE_W, s.WO - ow0), c0);
         float* yrow = y + (n * s.C_out + co0) * oplane + static_cast<int64_t>(oh) * s.WO;
         // The row into shared memory once every warp has stored its part of the last one; its global stores run
         // during the next tile's taps (store_part), the last row's after the loop.
@@ -1917,12 +1826,11 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
                 *reinterpret_cast<float2*>(out + (r0 + 8 * e) * OUT_PITCH + 8 * j + c0) =
                     make_float2(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
-        pend = pending_row(yrow + ow0, min(TILE_W, s.WO - ow0), min(CO_B, s.C_out - co0), oplane, s.y_even, t);
+        pend = pending_row(yrow + ow0, out, min(TILE_W, s.WO - ow0), min(CO_B, s.C_out - co0), oplane, s.y_even, t);
     }
 // end excerpt: consumer
 #pragma unroll
-    for (int part = 0; part < 8; ++part) store_part(pend, row, part);
-    if (kStats) flush_output(stats, y2, s, co0 + r0, lane);
+    for (int part = 0; part < 8; ++part) store_part(pend, part);
 #endif  // KB_CBW
 }
 
@@ -1953,10 +1861,8 @@ static cudaError_t available(bool* out) {
 }
 
 // y = conv(x, w) + b through wgmma; C_in ≤ 8, an sm_90 GPU and an sm_90a build (the caller checks: available).
-// stats: null, or the guard's sums (see the kernel), zeroed by the caller.
 static cudaError_t conv(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                        int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream,
-                        double* stats = nullptr) {
+                        int C_out, const unsigned* guard, unsigned run_if, cudaStream_t stream) {
     const int64_t per_cb = tiles_per_cb(N, H, W);
     if (per_cb == 0 || C_out <= 0) return cudaSuccess;
     if (per_cb > INT32_MAX || C_in < 1 || C_in > CI) return cudaErrorInvalidValue;
@@ -1969,11 +1875,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
     if (sms[device % 64] == 0) {
-        err = cudaFuncSetAttribute(conv3x3_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   SMEM_BYTES);
-        if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(conv3x3_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       SMEM_BYTES);
+        err = cudaFuncSetAttribute(conv3x3_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms[device % 64], cudaDevAttrMultiProcessorCount, device);
         if (err != cudaSuccess) return err;
     }
@@ -1982,12 +1884,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
     int per = sms[device % 64] / cbs;
     per = per < 1 ? 1 : per;
     per = per < s.tiles_per_cb ? per : s.tiles_per_cb;
-    if (stats != nullptr)
-        conv3x3_wgmma_kernel<true><<<dim3(per, cbs), THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if,
-                                                                                     stats);
-    else
-        conv3x3_wgmma_kernel<false><<<dim3(per, cbs), THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if,
-                                                                                      nullptr);
+    conv3x3_wgmma_kernel<<<dim3(per, cbs), THREADS, SMEM_BYTES, stream>>>(x, w, b, y, s, guard, run_if);
     return cudaGetLastError();
 }
 
@@ -2632,7 +2529,7 @@ void cbs_config(int* out) {
 namespace cbs {
 
 // The tensor-core convolution's instruction: wgmma where cbw::available, unless mma.sync is asked for
-// (cbs_set_tc_mma_sync: for comparisons; both agree to float32 rounding).
+// (cbs_set_tc_mma_sync: for comparisons; both give bitwise the same output).
 static int g_tc_mma_sync = 0;
 
 cudaError_t tc_uses_wgmma(bool* out) {
@@ -2671,100 +2568,6 @@ cudaError_t eval(const float* x, const float* w, const float* b, float* y, int64
     st.guard = guard;
     st.run_if = run_if;
     return launch<false>(x, w, b, y, s, st, s.n_tiles < blocks ? s.n_tiles : blocks, stream);
-}
-
-// Eval mode's guard (math "auto" where wgmma runs): the tensor-core convolution sums Σx², Σx⁴ per input channel and
-// Σy² per output channel into ws; this one block decides from them, and from the filter, whether its output is
-// float32-accurate. With E[x_i²] per input channel, Q_c = Σ_i E[x_i²]·Σ_taps w_ci² and φ = √(Σ_c Q_c / Σ_c E[y_c²])
-// (how much the products cancel: the split's error is ≈ u·φ), a float32 FFMA chain over K non-zero products errs
-// at least ≈ u·φ·√K/3 where its partial sums do not cancel systematically, so the split stays within twice the
-// library where the sparsest output channel has K ≥ 9 non-zero taps. The rule keeps a margin and refuses what the
-// model does not cover — strong cancellation (φ > 2.5) and heavy tails (an input channel's E[x⁴]/E[x²]² > 30,
-// where one product dominates a sum): tensor cores iff φ ≤ 2.5, K ≥ 12 and kurtosis ≤ 30. Writes
-// ws[2·C_in + C_out …] = φ, K, the largest kurtosis, then the flag's word: 0 the tensor cores' output stands, 1 the
-// FFMA convolution rewrites it.
-constexpr int EG_THREADS = 256, EG_WARPS = EG_THREADS / 32;
-constexpr int EG_BATCH = 8;                                 // channels a warp loads at once
-constexpr int EG_PER_LANE = (cbw::CI * K3 * K3 + 31) / 32;  // a channel's weights per lane: 3
-constexpr double EG_PHI_MAX = 2.5, EG_KURTOSIS_MAX = 30.0;
-constexpr int EG_TAPS_MIN = 12;
-
-__global__ void __launch_bounds__(EG_THREADS) eval_guard_kernel(const float* __restrict__ w, double* ws, int64_t N,
-                                                                int C_in, int H, int W, int C_out) {
-    __shared__ double ex2[cbw::CI], part[2][EG_WARPS];
-    __shared__ int taps_min;
-    const double n_in = static_cast<double>(N) * H * W, n_out = static_cast<double>(N) * (H - K3 + 1) * (W - K3 + 1);
-    if (threadIdx.x == 0) taps_min = INT_MAX;
-    if (threadIdx.x < C_in) ex2[threadIdx.x] = ws[threadIdx.x] / n_in;
-    __syncthreads();
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, per_c = C_in * K3 * K3;
-    double q = 0.0, y2 = 0.0;
-    int taps = INT_MAX;
-    // A warp per output channel, lanes over its C_in·9 weights (coalesced), with EG_BATCH channels' loads in flight
-    // at once: one block does all this, so its time is the number of load latencies it waits out one after another.
-    for (int c0 = warp; c0 < C_out; c0 += EG_WARPS * EG_BATCH) {
-        float v[EG_BATCH][EG_PER_LANE];
-#pragma unroll
-        for (int m = 0; m < EG_BATCH; ++m)
-#pragma unroll
-            for (int r = 0; r < EG_PER_LANE; ++r) {
-                const int c = c0 + m * EG_WARPS, j = lane + 32 * r;
-                v[m][r] = c < C_out && j < per_c ? __ldg(w + static_cast<int64_t>(c) * per_c + j) : 0.f;
-            }
-        const int cy = c0 + lane * EG_WARPS;  // lane m < EG_BATCH reads channel m's Σy²
-        if (lane < EG_BATCH && cy < C_out) y2 += ws[2 * C_in + cy] / n_out;
-#pragma unroll
-        for (int m = 0; m < EG_BATCH; ++m) {
-            if (c0 + m * EG_WARPS >= C_out) break;  // warp-uniform
-            int nz = 0;
-#pragma unroll
-            for (int r = 0; r < EG_PER_LANE; ++r) {
-                const int j = lane + 32 * r;
-                const double d = v[m][r];
-                if (j < per_c) q += d * d * ex2[j / (K3 * K3)];
-                nz += v[m][r] != 0.f;
-            }
-            for (int o = 16; o > 0; o >>= 1) nz += __shfl_xor_sync(0xffffffffu, nz, o);
-            taps = min(taps, nz);
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        q += __shfl_xor_sync(0xffffffffu, q, o);
-        y2 += __shfl_xor_sync(0xffffffffu, y2, o);
-    }
-    if (lane == 0) part[0][warp] = q, part[1][warp] = y2, atomicMin(&taps_min, taps);
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    q = y2 = 0.0;
-    for (int i = 0; i < EG_WARPS; ++i) q += part[0][i], y2 += part[1][i];
-    double kurtosis = 0.0;
-    for (int i = 0; i < C_in; ++i) {  // sums that overflowed (inf/inf) or NaN inputs: an infinite kurtosis
-        const double k = ws[C_in + i] / n_in / (ex2[i] * ex2[i]);
-        if (ex2[i] != 0.0) kurtosis = k == k ? fmax(kurtosis, k) : HUGE_VAL;
-    }
-    const double phi = y2 > 0.0 ? sqrt(q / y2) : HUGE_VAL;  // an all-zero output: FFMA (exact there)
-    const bool tc = phi <= EG_PHI_MAX && taps_min >= EG_TAPS_MIN && kurtosis <= EG_KURTOSIS_MAX;  // NaN: false
-    double* out = ws + 2 * C_in + C_out;
-    out[0] = phi;
-    out[1] = taps_min;
-    out[2] = kurtosis;
-    *reinterpret_cast<unsigned*>(out + 3) = tc ? 0u : 1u;
-}
-
-// Eval mode, guarded: the wgmma convolution with the guard's sums, the guard, then the FFMA convolution, which
-// rewrites y only where the guard's flag says so. ws: cbs_eval_guard_workspace(C_in, C_out) doubles.
-cudaError_t eval_guarded(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H, int W,
-                         int C_out, double* ws, cudaStream_t stream) {
-    if (cbs_tiles(N, H, W, C_out) == 0) return cudaSuccess;
-    if (ws == nullptr || C_in < 1 || C_in > cbw::CI) return cudaErrorInvalidValue;
-    cudaError_t err = cudaMemsetAsync(ws, 0, cbs_eval_guard_workspace(C_in, C_out) * sizeof(double), stream);
-    if (err == cudaSuccess) err = cbw::conv(x, w, b, y, N, C_in, H, W, C_out, nullptr, 0, stream, ws);
-    if (err != cudaSuccess) return err;
-    eval_guard_kernel<<<1, EG_THREADS, 0, stream>>>(w, ws, N, C_in, H, W, C_out);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    const auto* flag = reinterpret_cast<const unsigned*>(ws + 2 * C_in + C_out + 3);
-    return eval(x, w, b, y, N, C_in, H, W, C_out, flag, kCbsFp32, stream, 1u);
 }
 
 // The in-place strategy's checks, done before anything is launched (never update the stats and then fail).
@@ -2917,18 +2720,8 @@ bool moments_ok(int64_t N, int C_in, int H, int W) {
 
 // Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
 cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, int math, cudaStream_t stream, double* ws) {
-    if (math == kCbsGuarded) return cbs::eval_guarded(x, w, b, y, N, C_in, H, W, C_out, ws, stream);
+                            int W, int C_out, int math, cudaStream_t stream) {
     return cbs::eval(x, w, b, y, N, C_in, H, W, C_out, nullptr, math, stream);
-}
-
-int64_t cbs_eval_guard_workspace(int C_in, int C_out) { return 2 * static_cast<int64_t>(C_in) + C_out + 4; }
-
-cudaError_t cbs_eval_guard_runs(int C_in, bool* out) {
-    bool wgmma = false;
-    const cudaError_t err = cbs::tc_uses_wgmma(&wgmma);
-    *out = err == cudaSuccess && wgmma && C_in >= 1 && C_in <= cbw::CI;
-    return err;
 }
 
 // Training mode: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place (the in-place apply
@@ -3059,14 +2852,12 @@ CPP_SRC = r'''
 // in-place path for this call when it would exceed the float32 allowance (conv_moments.cuh), without a host
 // synchronisation; for C_in > 8 "auto" is the in-place strategy.
 // conv_bn_scale_eval is the convolution alone, for weights with BN and the scale folded in
-// (kernelbook/folding.py): eval-mode P73 in one launch, or where math="auto" takes eval's guard, four (the wgmma
-// convolution with the guard's sums, the guard, and the FFMA convolution it turns away or lets rewrite y).
+// (kernelbook/folding.py): eval-mode P73 in one launch.
 // math picks the arithmetic of the output convolution and of the moments' sums: "fp32" (FFMA), "3xtf32" (tensor
 // cores; sm_80 or newer, C_in ≤ 8) or "auto" (3xtf32 where it is faster than FFMA: tc_rates.h, else fp32) —
 // except where nothing guards against products that cancel, where a split product errs up to 4x an FFMA's
-// (chapter 7 measures both): "auto" keeps the in-place strategy (the guard's path for such data) on FFMA, and eval
-// mode on the tensor cores only where its guard runs (with the wgmma convolution, which sums what it needs);
-// math="3xtf32" puts them on the tensor cores unguarded.
+// (chapter 7 measures both): "auto" keeps the in-place strategy (the guard's path for such data) and eval mode (which
+// has no guard) on FFMA; math="3xtf32" puts them on the tensor cores.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -3091,19 +2882,11 @@ CPP_SRC = r'''
 // tensor cores (conv_tf32.cuh, conv_moments.cuh: sm_80 or newer, C_in ≤ cbs_tf32_max_channels()). The in-place
 // training strategy gathers its statistics in the FFMA convolution's epilogue, or in a pass over y after the
 // tensor-core convolution.
-// kCbsGuarded (eval mode only, where the wgmma convolution runs): 3xTF32 with eval mode's guard, which sends inputs
-// and filters whose split products would not be float32-accurate to the FFMA convolution (conv_bn_scale.cu).
-enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1, kCbsGuarded = 2 };
+enum CbsMath : int { kCbsFp32 = 0, kCbs3xTf32 = 1 };
 
-// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null). With math
-// kCbsGuarded, ws holds cbs_eval_guard_workspace(C_in, C_out) doubles; once the stream has run, its last four are
-// the guard's φ, the sparsest output channel's non-zero taps, the largest input kurtosis, and the flag's 32-bit
-// word (0: the tensor cores' output, 1: FFMA's).
+// Eval mode: y = conv(x, w) + b (w, b folded from BN and the scale by the caller; b may be null).
 cudaError_t launch_cbs_eval(const float* x, const float* w, const float* b, float* y, int64_t N, int C_in, int H,
-                            int W, int C_out, int math, cudaStream_t stream, double* ws = nullptr);
-int64_t cbs_eval_guard_workspace(int C_in, int C_out);
-// Whether eval mode's guarded path runs for C_in input channels on the current GPU (the wgmma convolution does).
-cudaError_t cbs_eval_guard_runs(int C_in, bool* out);
+                            int W, int C_out, int math, cudaStream_t stream);
 
 // Training mode, in place: y = conv(x, w) + b with per-channel statistics, then y ← BN(y)·s in place.
 // Workspaces: partial [C_out · slots] Welford states (slots from cbs_train_slots), mab [6·C_out] (the map and the
@@ -3156,7 +2939,7 @@ void cbs_config(int* out);
 
 // The tensor-core convolution's instruction on the current GPU: bit 0 set for wgmma (an sm_90a build on an sm_90
 // GPU), clear for mma.sync; -1 on an error. mma_sync ≥ 0 first sets whether mma.sync is forced (for comparisons:
-// the two agree to float32 rounding); bit 1 of the result says whether it was forced before the call.
+// the two give bitwise the same output); bit 1 of the result says whether it was forced before the call.
 int cbs_tc_instruction(int mma_sync);
 // The moments strategy's limits: input channels, workspace doubles, the offsets of the guard's flag and of its
 // prediction in it, and the guard's model for the sums' arithmetic, out[4] = {u, floor, spread, allowance factor}:
@@ -3411,18 +3194,12 @@ void check_channel_vector(const char* op, const std::optional<torch::Tensor>& t,
 const float* ptr_or_null(const std::optional<torch::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
 
 // The output convolution's arithmetic for x on its GPU: math "auto" → 3xTF32 where it runs (sm_80 or newer,
-// C_in ≤ 8) and pays (dense TF32 at least 3.5× FP32: tc_rates.h — not on sm_86/sm_89), FFMA otherwise; in eval
-// mode the tensor cores with eval's guard where the wgmma convolution runs (it sums what the guard needs), FFMA
-// elsewhere. "3xtf32" where it cannot run is an error that says why.
+// C_in ≤ 8) and pays (dense TF32 at least 3.5× FP32: tc_rates.h — not on sm_86/sm_89), FFMA otherwise, and
+// FFMA in eval mode (no guard there: see the header); "3xtf32" where it cannot run is an error that says why.
 int resolve_math(const char* op, const std::string& math, const torch::Tensor& x, bool eval = false) {
     KB_CHECK(math == "auto" || math == "fp32" || math == "3xtf32", op,
              ": math must be 'auto', 'fp32' or '3xtf32', got '", math, "'");
-    if (math == "auto" && eval) {
-        bool guarded = false;
-        kb::check_cuda(cbs_eval_guard_runs(static_cast<int>(x.size(1)), &guarded), op, "asking for the wgmma path");
-        return guarded ? kCbsGuarded : kCbsFp32;
-    }
-    if (math == "fp32") return kCbsFp32;
+    if (math == "fp32" || (math == "auto" && eval)) return kCbsFp32;
     int major = 0, minor = 0;
     kb::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.device().index()), op,
                    "reading the GPU's compute capability");
@@ -3437,23 +3214,7 @@ int resolve_math(const char* op, const std::string& math, const torch::Tensor& x
     return kCbs3xTf32;
 }
 
-std::string math_name(int math) { return math == kCbs3xTf32 ? "3xtf32" : math == kCbsGuarded ? "guarded" : "fp32"; }
-
-// The eval convolution into y (checked by the caller) on the current stream; returns the guard's workspace (doubles)
-// when math is kCbsGuarded, else an empty tensor.
-torch::Tensor run_eval(const char* op, const torch::Tensor& x, const torch::Tensor& w,
-                       const std::optional<torch::Tensor>& b, torch::Tensor& y, int math) {
-    const int c_in = static_cast<int>(x.size(1)), c_out = static_cast<int>(w.size(0));
-    torch::Tensor ws = math == kCbsGuarded
-                           ? torch::empty({cbs_eval_guard_workspace(c_in, c_out)}, x.options().dtype(torch::kFloat64))
-                           : torch::Tensor();
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-    kb::check_launch(launch_cbs_eval(x.data_ptr<float>(), w.data_ptr<float>(), ptr_or_null(b), y.data_ptr<float>(),
-                                     x.size(0), c_in, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)), c_out,
-                                     math, stream, ws.defined() ? ws.data_ptr<double>() : nullptr),
-                     op);
-    return ws;
-}
+std::string math_name(int math) { return math == kCbs3xTf32 ? "3xtf32" : "fp32"; }
 
 }  // namespace
 
@@ -3466,31 +3227,13 @@ torch::Tensor conv_bn_scale_eval(const torch::Tensor& x, const torch::Tensor& fo
     const c10::cuda::CUDAGuard guard(x.device());
     const int m = resolve_math(op, math, x, /*eval=*/true);
     if (y.numel() == 0) return y;
-    run_eval(op, x, folded_w, folded_b, y, m);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    kb::check_launch(launch_cbs_eval(x.data_ptr<float>(), folded_w.data_ptr<float>(), ptr_or_null(folded_b),
+                                     y.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
+                                     static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                                     static_cast<int>(folded_w.size(0)), m, stream),
+                     op);
     return y;
-}
-
-// Eval mode's guard on x and the folded weights, for inspection: runs the guarded convolution into a scratch output
-// and reads the guard's φ, the sparsest output channel's non-zero taps, the largest input kurtosis and its choice
-// (one host synchronisation). Where the guarded path does not run (no wgmma, C_in > 8) an error says so.
-pybind11::dict conv_bn_scale_eval_guard(const torch::Tensor& x, const torch::Tensor& folded_w,
-                                        const std::optional<torch::Tensor>& folded_b) {
-    constexpr const char* op = "conv_bn_scale_eval_guard";
-    torch::Tensor y = checked_output(op, x, folded_w, folded_b, std::nullopt);
-    const c10::cuda::CUDAGuard guard(x.device());
-    KB_CHECK(resolve_math(op, "auto", x, /*eval=*/true) == kCbsGuarded, op,
-             ": eval mode's guard runs with the wgmma convolution (an sm_90 GPU, an sm_90a build, C_in <= 8, mma.sync "
-             "not forced)");
-    KB_CHECK(y.numel() > 0, op, ": the output is empty");
-    const torch::Tensor ws = run_eval(op, x, folded_w, folded_b, y, kCbsGuarded).cpu();
-    const int64_t k = ws.numel() - 4;
-    const double* v = ws.data_ptr<double>();
-    pybind11::dict out;
-    out["phi"] = v[k];
-    out["taps_min"] = static_cast<int64_t>(v[k + 1]);
-    out["kurtosis"] = v[k + 2];
-    out["tensor_cores"] = ws.slice(0, k + 3, k + 4).view(torch::kInt32)[0].item<int>() == 0;
-    return out;
 }
 
 // Training mode: y = BN(conv2d(x, conv_w, conv_b))·scale with the batch statistics; updates the running
@@ -3686,7 +3429,7 @@ std::string conv_bn_scale_math(const torch::Tensor& x, const std::string& math, 
 }
 
 // The tensor-core convolution's instruction on x's GPU: "wgmma" (an sm_90a build on an sm_90 GPU) or "mma.sync";
-// mma_sync = true forces mma.sync from now on (for comparisons: the outputs agree to float32 rounding), false lets the
+// mma_sync = true forces mma.sync from now on (for comparisons: the outputs are bitwise the same), false lets the
 // GPU's default choose again. Returns the instruction the next 3xTF32 convolution uses.
 std::string conv_bn_scale_tc_instruction(const torch::Tensor& x, std::optional<bool> mma_sync) {
     constexpr const char* op = "conv_bn_scale_tc_instruction";
@@ -3718,13 +3461,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("conv_bn_scale_math", &conv_bn_scale_math,
           "The output convolution's arithmetic that `math` resolves to for x on its GPU in `mode`: 'fp32' (FFMA) "
           "or '3xtf32' (tensor cores; in training mode math='auto' picks it where dense TF32 runs at least 3.5x "
-          "FP32, tc_rates.h, and C_in <= 8), or 'guarded' (eval mode's math='auto' where the wgmma convolution runs: "
-          "the tensor cores, with eval's guard sending data they would not convolve float32-accurately to FFMA)",
+          "FP32, tc_rates.h, and C_in <= 8; in eval mode, which has no guard against cancelling products, FFMA)",
           arg("x"), arg("math") = "auto", arg("mode") = "train");
-    m.def("conv_bn_scale_eval_guard", &conv_bn_scale_eval_guard,
-          "Eval mode's guard on x and the folded weights (runs the guarded convolution once): {'phi', 'taps_min', "
-          "'kurtosis', 'tensor_cores'}; an error where the guarded path does not run",
-          arg("x"), arg("folded_w"), arg("folded_b") = pybind11::none());
     m.def("conv_bn_scale_guard", &conv_bn_scale_guard,
           "The guard of strategy='auto' on this batch, filter and BatchNorm: {'choice', 'conv' (the moments "
           "path's convolution's arithmetic), 'predicted' (the statistics' predicted norm-wise output error), "
@@ -3746,7 +3484,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           arg("math"));
     m.def("conv_bn_scale_tc_instruction", &conv_bn_scale_tc_instruction,
           "The 3xTF32 convolution's instruction on x's GPU: 'wgmma' (sm_90a build, sm_90 GPU) or 'mma.sync'; "
-          "mma_sync=True forces mma.sync (the same output to float32 rounding), False restores the default",
+          "mma_sync=True forces mma.sync (bitwise the same output), False restores the default",
           arg("x"), arg("mma_sync") = pybind11::none());
     m.def("config", &conv_bn_scale_config,
           "[RPT, CO_T, GROUPS, WROWS, MIN_BLOCKS, ASYNC, smem bytes eval, smem bytes train] of this build");

@@ -513,9 +513,8 @@ TC_SHAPES = [(2, 3, 34, 34, 64, 0, 0), (2, 8, 33, 97, 64, 0, 1), (3, 5, 20, 150,
 @pytest.mark.gpu
 def test_wgmma_and_mma_sync_give_the_same_convolution(cbs):
     """On an sm_90 GPU the 3xTF32 convolution runs on wgmma (conv_wgmma.cuh), elsewhere on mma.sync; forced onto
-    mma.sync there it gives the same eval-mode output to float32 rounding (the same split products, joined per
-    filter row on wgmma and per tap on mma.sync), as accurate against float64 (within 1.25×, every output written),
-    and training mode's strategies agree to float32 rounding too."""
+    mma.sync there it gives bitwise the same eval-mode output (the same products, joined in the same order), and
+    training mode's strategies agree to float32 rounding (their statistics use atomics: not bitwise)."""
     x0 = torch.zeros(1, 1, 3, 3, device="cuda")
     default = cbs.conv_bn_scale_tc_instruction(x0)
     if torch.cuda.get_device_capability() != (9, 0):
@@ -540,11 +539,8 @@ def test_wgmma_and_mma_sync_give_the_same_convolution(cbs):
             finally:
                 cbs.conv_bn_scale_tc_instruction(x, mma_sync=False)
         (ew, *tw), (em, *tm) = runs[False], runs[True]
+        assert torch.equal(ew, em), (shape, (ew - em).abs().max().item())
         assert torch.isfinite(ew).all(), shape  # every output written
-        check.assert_close(ew, em.double(), 1e-6, what=f"eval {shape}")
-        ref = F.conv2d(x.double(), wt.double(), b.double())
-        err_w, err_m = (check.report(v, ref, 1.0)["rel_err"] for v in (ew, em))
-        assert err_w <= 1.25 * err_m + 1e-12, (shape, err_w, err_m)
         for a, m in zip(tw, tm, strict=True):
             check.assert_close(a, m.double(), 1e-6, what=f"training {shape}")
     assert cbs.conv_bn_scale_tc_instruction(x0) == "wgmma"  # the default restored
@@ -563,51 +559,3 @@ def test_conv_bounds_put_the_convolution_at_its_instructions_rate():
     ev2, mo2 = kb.training.conv_bounds_ms(phases, 6e13, 1e15, bw)
     assert ev2 < ev and mo2 < mo
     assert ev2 == pytest.approx(1e3 * rl.p73_fused_eval().bytes / bw)
-
-
-@pytest.mark.gpu
-def test_eval_guard_keeps_the_tensor_cores_only_where_they_are_float32_accurate(cbs):
-    """Eval mode's math="auto" where the wgmma convolution runs: the guard's φ, sparsest channel and kurtosis match
-    float64 sums of the same data; it keeps the tensor cores on dense filters over uniform and shifted inputs, sends
-    a one-channel Sobel filter (6 taps), cancelling products and 2^±60 magnitudes to FFMA; its output is bitwise the
-    path it chose (math="3xtf32" or "fp32") and float32-accurate (at most twice cuDNN's float32 error) in every
-    case; with mma.sync forced it does not run, and says so."""
-    from kernelbook.models import guard_study as gs
-
-    x0 = torch.zeros(1, 1, 3, 3, device="cuda")
-    if cbs.conv_bn_scale_math(x0, "auto", "eval") != "guarded":
-        pytest.skip("eval mode's guard runs with the wgmma convolution (an sm_90 GPU)")
-    filters = gs.filter_sets(0)
-    u = check.rand((2, 8, 67, 131), seed=3, device="cuda")
-    wk, bk = (t.cuda() for t in filters["kaiming_uniform"])
-    wsob, bsob = (t.cuda() for t in filters["sobel_x_one"])
-    xc, wc, bc = (t.cuda() for t in gs.cancelling_inputs(n=2, size=48))
-    wide = torch.sign(u - 0.5) * torch.exp2(torch.round(120 * u.roll(1, -1) - 60)) * (1 + 0.5 * u)
-    cases = {"uniform": (u, wk, bk, True), "shifted": (u + 1000, wk, bk, True), "sobel_one": (u, wsob, bsob, False),
-             "cancelling": (xc, wc, bc, False), "wide": (wide, wk, bk, False)}
-    for name, (x, w, b, tc) in cases.items():
-        g = cbs.conv_bn_scale_eval_guard(x, w, b)
-        assert g["tensor_cores"] == tc, (name, g)
-        ref = F.conv2d(x.double(), w.double(), b.double())
-        assert g["taps_min"] == int((w != 0).flatten(1).sum(1).min()), (name, g)
-        if name != "wide":  # there x⁴ overflows float32: the kurtosis is infinite, as it should be for the rule
-            x64 = x.double()
-            ex2 = (x64**2).mean(dim=(0, 2, 3))
-            phi = ((w.double() ** 2).sum(dim=(2, 3)) * ex2).sum() / (ref**2).mean(dim=(0, 2, 3)).sum()
-            kurt = ((x64**4).mean(dim=(0, 2, 3)) / ex2**2).max()
-            assert g["phi"] == pytest.approx(float(phi.sqrt()), rel=1e-3), (name, g)
-            assert g["kurtosis"] == pytest.approx(float(kurt), rel=1e-3), (name, g)
-        else:
-            assert g["kurtosis"] > 30, g
-        y = cbs.conv_bn_scale_eval(x, w, b)
-        assert torch.equal(y, cbs.conv_bn_scale_eval(x, w, b, math="3xtf32" if tc else "fp32")), name
-        with kb.precision.tf32(False):
-            lib = check.report(F.conv2d(x, w, b), ref, 1.0)["rel_err"]
-        assert check.report(y, ref, 1.0)["rel_err"] <= 2 * lib, (name, lib)
-    try:
-        cbs.conv_bn_scale_tc_instruction(x0, mma_sync=True)
-        assert cbs.conv_bn_scale_math(u, "auto", "eval") == "fp32"
-        with pytest.raises(RuntimeError, match="eval mode's guard runs with the wgmma convolution"):
-            cbs.conv_bn_scale_eval_guard(u, wk, bk)
-    finally:
-        cbs.conv_bn_scale_tc_instruction(x0, mma_sync=False)

@@ -77,9 +77,9 @@ def _ratio(out, ref, lib) -> tuple[float, float, float]:
 @pytest.mark.parametrize("name", P73_CLASSES)
 @pytest.mark.parametrize("math", ["auto", "3xtf32"])
 def test_p73_eval_convolution_on_the_definitions_inputs(cbs, p73_inputs, name, math):
-    """Eval mode (the folded convolution): the default (math="auto": the tensor cores behind eval's guard where the
-    wgmma convolution runs, FFMA elsewhere) is float32-accurate on every class; the 3xTF32 path on the benchmark's
-    and shifted inputs, and within TF32_MISS elsewhere."""
+    """Eval mode (the folded convolution): the default (math="auto", FFMA: eval mode has no guard) is
+    float32-accurate on every class; the 3xTF32 path on the benchmark's and shifted inputs, and within TF32_MISS
+    elsewhere."""
     if math == "3xtf32" and torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("3xTF32 needs TF32 tensor cores (sm_80 or newer)")
     x, w = p73_inputs[name]

@@ -720,26 +720,6 @@ def guard_glue(guard: dict, math_: str) -> dict:
             "split_rms": max(split_product_error().values())}
 
 
-def ill_modules(w_demo: torch.Tensor) -> torch.nn.ModuleDict:
-    """The capstone's ill-conditioned layer on the GPU: a 3 → 2 channel convolution holding ``w_demo`` (channel
-    0 the difference filter, channel 1 a random one; bias 0.1) and BatchNorm with momentum 1, so its running
-    statistics after a step are that batch's."""
-    from torch import nn
-
-    m = nn.ModuleDict(dict(conv=nn.Conv2d(3, 2, w_demo.shape[-1]), bn=nn.BatchNorm2d(2, momentum=1.0)))
-    with torch.no_grad():
-        m["conv"].weight.copy_(w_demo)
-        m["conv"].bias.fill_(0.1)
-    return m.cuda()
-
-
-def eval_guard_glue(eval_guard: dict) -> dict:
-    """Eval mode's guard on P73's data ("p73") and on the difference filter ("ill") — the record's
-    ``conv_bn_scale_eval_guard`` results — as the capstone's prose quotes them."""
-    return {f"eg_{case}_{name}": eval_guard[case][key] for case in ("p73", "ill")
-            for name, key in (("phi", "phi"), ("taps", "taps_min"), ("kurt", "kurtosis"))}
-
-
 def natural_check(nat: dict, tol: float) -> dict:
     """``chapter_check``'s result as a record check: the default's worst error against the chapter's tolerance."""
     worst = max(r["default_rel_err"] for r in nat["rows"])

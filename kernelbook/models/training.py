@@ -381,29 +381,6 @@ def emulation_table(caveat) -> dict:
             "title": "σ²'s relative error, emulated on the CPU", "collapse": True}
 
 
-def compiled(module: nn.Module, x: torch.Tensor, **options):
-    """``torch.compile`` of a copy of ``module`` (``options``: its mode), compiled now by a first call on ``x``
-    with TF32 allowed, so no timing includes the compilation; returns the compiled copy."""
-    from ..harness import precision
-
-    c = torch.compile(copy.deepcopy(module), **options)
-    with precision.tf32(True):
-        c(x)
-    return c
-
-
-def variant_errors(variants: dict, refs: dict, tol: float) -> dict[str, dict]:
-    """Each variant's output against its mode's float64 reference (``refs[v.mode]``), run once under the
-    variant's own TF32 setting: ``kb.check.report`` rows by variant name."""
-    from ..harness import check, precision
-
-    out = {}
-    for name, v in variants.items():
-        with precision.tf32(bool(v.tf32)):
-            out[name] = check.report(v.fn(), refs[v.mode], tol)
-    return out
-
-
 def check_grid(checks):
     """The chapter's checks against float64, named "P73 <path>: <what>" (``kb.check.assert_close`` reports), as
     one row per path and one column per quantity checked, each its norm-wise relative error."""
