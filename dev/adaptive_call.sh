@@ -13,20 +13,20 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s) O=/tmp/o; mkdir -p $O
 ND=${P27W_ND:-3} VERS=${P27W_VERSIONS:-3,4} KG=${MW_KG:-2} TOOLS=${SAN_TOOLS:-memcheck racecheck}
-CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t9.f1.l1.r1 t3.f1.l1.r2 t3.f1.l1.x136 t3.f1.l1.x136.d4 t3.f1.l1.r2.x136 t3.f1.l1.g1 t3.f1.l1.g1.x136} 
+CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t3.f1.l1.d5 t9.f1.l1.d5 t3.f1.l1.d5.x136.k1 t3.f1.l1.r2.d5 t3.f1.l1.x136 t3.f1.l1.x136.k1 t3.f1.l1.g1 t3.f1.l1.g1.x136 t3.f1.l1.r2 t9.f1.l1.r1} 
 CBW_NEW=${CBW_NEW:-t3.f1.l1.g1.x136}
 # 1: dev/p27w's (versions 3, 4), dev/mw's, dev/edge's runs too (the last two unchanged since measured);
 # P27W_NCU=1 profiles dev/p27w too
 P27W=${RUN_P27W:-1} MW=${RUN_MW:-0} EDGE=${RUN_EDGE:-0}
-python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale')" \
+python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.load('conv_bn_scale'); kb.build.load('gemm_wgmma')" \
   > $O/build-book.log 2>&1 &
 [ $MW = 1 ] && python3 dev/mw/run.py --build-only --kg $KG > $O/build-mw.log 2>&1 &
 [ $EDGE = 1 ] && python3 dev/edge/run.py --build-only > $O/build-edge.log 2>&1 &
 python3 dev/cbw/variants.py --build-only $CBW > $O/build-cbw.log 2>&1 &
 [ $P27W = 1 ] && python3 dev/p27w/run.py --build-only --nd $ND --version $VERS > $O/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
-timeout 150 python3 dev/cbw/variants.py $CBW > $O/cbw.json 2>&1; echo "cbw rc=$?"; tail -1 $O/cbw.json
-grep -B2 -A12 '"timings"\|"timing' $O/cbw.json | head -40; grep -E "_ok|_vs_landed|\"case\"" $O/cbw.json | head -60
+timeout 150 python3 dev/cbw/variants.py --ceiling $CBW > $O/cbw.json 2>&1; echo "cbw rc=$?"; tail -1 $O/cbw.json
+grep -A60 '"timing_ms"' $O/cbw.json | head -70; grep -E "_ok|_vs_landed|\"case\"" $O/cbw.json | head -60
 if [ $P27W = 1 ]; then
   timeout 120 python3 dev/p27w/run.py --nd $ND --version $VERS > $O/p27w.json 2>&1; echo "run rc=$?"
   tail -1 $O/p27w.json; grep -A30 timing_ms $O/p27w.json
@@ -69,7 +69,7 @@ grep -E "edge_|Duration|Compute \(SM\) Thro|Memory Thro|Achieved Occ|Registers|L
 timeout 90 ncu --clock-control none -k regex:conv3x3 -c 3 --section SpeedOfLight --section WarpStateStats \
   --section InstructionStats --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
   python3 dev/cbw/variants.py --ncu \
-  ${CBW_NCU:-t3.f1.l1 t3.f1.l1.x136.d4} \
+  ${CBW_NCU:-t3.f1.l1 t3.f1.l1.d5} \
   > $O/ncu-cbw.txt 2>&1
 echo "ncu cbw rc=$?"; grep -E "Duration|DRAM Thro|Compute \(SM\) Thro|Warp Cycles Per Issued|Issued Instructions |Shared|Bank" \
   $O/ncu-cbw.txt | head -40

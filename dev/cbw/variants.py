@@ -1,21 +1,22 @@
 """Check and time dev/cbw/conv_wgmma_x.cuh's variants (P73's 3xTF32 convolution through wgmma) on an sm_90 GPU.
 
     python dev/cbw/variants.py --resources t1 t3 t3.f2.l1     # any machine with nvcc: registers, spills, SASS
-    python dev/cbw/variants.py --build-only t1 t3             # build the variants' one torch extension
+    python dev/cbw/variants.py --build-only t1 t3             # build the variants (4 to an extension)
     python dev/cbw/variants.py t1 t3 t3.f2.l1                 # sm_90: checks, then P73's timings, as JSON
     python dev/cbw/variants.py --small t3                     # checks on small shapes only (compute-sanitizer)
     python dev/cbw/variants.py --ncu t3                       # two launches on P73 (Nsight Compute profiles one)
     python dev/cbw/variants.py --quick t3 t9                  # checks and timings without the book's extension
+    python dev/cbw/variants.py --quick --ceiling t3.d5        # … and the book's wgmma ceiling in the same run
 
 A variant names its switches (the header's macros), dot-separated: t<n> CBW_TAPS (taps per FADD), f<n>
-CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS, p<n> CBW_PIPE, r<n> CBW_RS, x<n> CBW_PIX, g<n> CBW_RING, d<n>
-CBW_DIAG (diagnostics: their checks fail by design); "t1" alone is session 19's kernel, t3.f1.l1 the one in kernels/
-now. Checks (every variant, NaN-poisoned outputs): the odd shapes of the book's wgmma test against float64, beside
-cuDNN float32 (TF32 off), and the definition's input classes (P73's, as the GPU tests draw them) against float64,
-beside cuDNN float32 and the book's own 3xTF32 path (the landed wgmma kernel). A variant passes where nothing is
-unwritten, its error is at most 2× cuDNN's (cancelling 6×, wide 2.5×: where the landed 3xTF32 path is held too); its
-ratio to the landed kernel's error is reported beside it. With s1 the statistics (Σx², Σx⁴ per input channel, Σy²
-per output channel) must match float64 sums to 1e-4, and the timing includes them.
+CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS, p<n> CBW_PIPE, r<n> CBW_RS, x<n> CBW_PIX, g<n> CBW_RING, k<n>
+CBW_KW0, d<n> CBW_DIAG (diagnostics: their checks fail by design); "t1" alone is session 19's kernel, t3.f1.l1 the
+one in kernels/ now. Checks (every variant, NaN-poisoned outputs): the odd shapes of the book's wgmma test against
+float64, beside cuDNN float32 (TF32 off), and the definition's input classes (P73's, as the GPU tests draw them)
+against float64, beside cuDNN float32 and the book's own 3xTF32 path (the landed wgmma kernel). A variant passes
+where nothing is unwritten, its error is at most 2× cuDNN's (cancelling 6×, wide 2.5×: where the landed 3xTF32 path
+is held too); its ratio to the landed kernel's error is reported beside it. With s1 the statistics (Σx², Σx⁴ per
+input channel, Σy² per output channel) must match float64 sums to 1e-4, and the timing includes them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 MACROS = {"t": "CBW_TAPS", "f": "CBW_STORE_FAST", "l": "CBW_STORE_LDS", "s": "CBW_STATS", "p": "CBW_PIPE",
-          "d": "CBW_DIAG", "r": "CBW_RS", "x": "CBW_PIX", "g": "CBW_RING"}
+          "d": "CBW_DIAG", "r": "CBW_RS", "x": "CBW_PIX", "g": "CBW_RING", "k": "CBW_KW0"}
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_MISS
 
@@ -40,7 +41,7 @@ MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_
 def defines(variant: str) -> dict[str, int]:
     out = {}
     for part in variant.split("."):
-        m = re.fullmatch(r"([tflspdrxg])(\d+)", part)
+        m = re.fullmatch(r"([tflspdrxgk])(\d+)", part)
         if not m:
             raise SystemExit(f"unknown switch {part!r} in variant {variant!r} (one of {''.join(MACROS)}, then <n>)")
         out[MACROS[m.group(1)]] = int(m.group(2))
@@ -80,30 +81,42 @@ def resources(variant: str) -> dict:
     return out
 
 
-def build(variants: list[str]) -> dict:
-    """One torch extension holding every variant (conv_wgmma_x.cuh included once per variant, each in its own
-    namespace): the host side, torch's headers, compiles once. Returns {variant: object with .conv_wgmma}."""
+def build(variants: list[str], per: int = 4) -> dict:
+    """Torch extensions holding the variants, `per` to one (conv_wgmma_x.cuh included once per variant, each in its
+    own namespace, so the host side and torch's headers compile once per extension), built in parallel. The
+    header's text is in each extension's name: an edited header is never served stale from the build cache.
+    Returns {variant: object with .conv_wgmma}."""
     import hashlib
     import types
+    from concurrent.futures import ThreadPoolExecutor
 
     from torch.utils.cpp_extension import load
 
-    blocks = []
-    for i, v in enumerate(variants):
-        defs = "".join(f"#define {k} {n}\n" for k, n in sorted(defines(v).items()))
-        blocks.append(f"// {v}\n#define CBW_NS cbw_v{i}\n{defs}#include \"conv_wgmma_x.cuh\"\n")
-    binds = "".join(f'    m.def("conv_{i}", &conv_with<cbw_v{i}::conv>, "{v}", pybind11::arg("x"), pybind11::arg("w"), '
-                    'pybind11::arg("b") = pybind11::none(), pybind11::arg("out") = pybind11::none(), '
-                    'pybind11::arg("stats") = pybind11::none());\n' for i, v in enumerate(variants))
-    src = ("#include \"bind.h\"\n" + "".join(blocks) +
-           f"PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{binds}}}\n")
-    name = "cbwx_" + hashlib.sha1(src.encode()).hexdigest()[:12]
+    header = (HERE / "conv_wgmma_x.cuh").read_text() + (HERE / "bind.h").read_text()
     gen = Path("/tmp") / "cbw_gen"
     gen.mkdir(exist_ok=True)
-    (gen / f"{name}.cu").write_text(src)
-    ext = load(name=name, sources=[str(gen / f"{name}.cu")], extra_include_paths=[str(HERE)],
-               extra_cuda_cflags=["-O3", ARCH], verbose=False)
-    return {v: types.SimpleNamespace(conv_wgmma=getattr(ext, f"conv_{i}")) for i, v in enumerate(variants)}
+
+    def one(chunk: list[str]):
+        blocks = []
+        for i, v in enumerate(chunk):
+            defs = "".join(f"#define {k} {n}\n" for k, n in sorted(defines(v).items()))
+            blocks.append(f"// {v}\n#define CBW_NS cbw_v{i}\n{defs}#include \"conv_wgmma_x.cuh\"\n")
+        binds = "".join(f'    m.def("conv_{i}", &conv_with<cbw_v{i}::conv>, "{v}", pybind11::arg("x"), '
+                        'pybind11::arg("w"), pybind11::arg("b") = pybind11::none(), '
+                        'pybind11::arg("out") = pybind11::none(), pybind11::arg("stats") = pybind11::none());\n'
+                        for i, v in enumerate(chunk))
+        src = ("#include \"bind.h\"\n" + "".join(blocks) +
+               f"PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{binds}}}\n")
+        name = "cbwx_" + hashlib.sha1((src + header).encode()).hexdigest()[:12]
+        (gen / f"{name}.cu").write_text(src)
+        ext = load(name=name, sources=[str(gen / f"{name}.cu")], extra_include_paths=[str(HERE)],
+                   extra_cuda_cflags=["-O3", ARCH], verbose=False)
+        return {v: types.SimpleNamespace(conv_wgmma=getattr(ext, f"conv_{i}")) for i, v in enumerate(chunk)}
+
+    chunks = [variants[i:i + per] for i in range(0, len(variants), per)]
+    with ThreadPoolExecutor(len(chunks)) as pool:
+        parts = list(pool.map(one, chunks))
+    return {v: m for part in parts for v, m in part.items()}
 
 
 SHAPES = [  # (N, C_in, H, W, C_out, x offset in floats): tests/test_conv_bn_scale.py's TC_SHAPES and two more
@@ -183,7 +196,7 @@ def run_checks(mods, cbs, small: bool, quick: bool = False) -> list[dict]:
     return rows
 
 
-def timings(mods, cbs) -> dict:
+def timings(mods, cbs, ceiling: bool = False) -> dict:
     import torch
     import triton.testing as tt
 
@@ -205,6 +218,17 @@ def timings(mods, cbs) -> dict:
             out.setdefault(f"book_{math}", []).append(
                 tt.do_bench(lambda math=math: cbs.conv_bn_scale_eval(x, w, b, y, math=math), warmup=100, rep=400))
         out.setdefault("fill", []).append(tt.do_bench(lambda: y.fill_(1.0), warmup=100, rep=400))
+    # The tensor work a variant does (27 m64n128k8 a tile, padded channels and pixels counted) as a TF32 rate
+    tiles = x.shape[0] * 126 * -(-126 // 128) * -(-w.shape[0] // 64)
+    flop = tiles * 27 * 2 * 64 * 128 * 8
+    out["tf32_tflops"] = {v: flop / min(out[v]) / 1e9 for v in mods}
+    if ceiling:  # the book's wgmma ceiling (m64n256k8, 128-byte swizzle, one chain) in the same process
+        from kernelbook.models import tensorcore
+
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        fn, cflop, ghz = tensorcore.wgmma_ceiling(kb.build.load("gemm_wgmma"), 2 * sms, 4000)
+        ms = tt.do_bench(fn, warmup=20, rep=200)
+        out["book_wgmma_ceiling"] = {"ms": ms, "tflops": cflop / ms / 1e9, "clock_ghz": ghz}
     return out
 
 
@@ -216,6 +240,7 @@ def main() -> int:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--quick", action="store_true", help="without the book's extension (no landed/book columns)")
+    ap.add_argument("--ceiling", action="store_true", help="the book's wgmma ceiling too (builds gemm_wgmma)")
     args = ap.parse_args()
     if args.resources:
         for v in args.variants:
@@ -241,7 +266,7 @@ def main() -> int:
     with torch.no_grad():
         res = {"checks": run_checks(mods, cbs, args.small, args.quick)}
         if not args.small:
-            res["timing_ms"] = timings(mods, cbs)
+            res["timing_ms"] = timings(mods, cbs, args.ceiling)
     torch.cuda.synchronize()
     from dev.report import finish
 
