@@ -40,6 +40,12 @@
 //     row's sequence number, which consumer and producer both compute from the tile's place in the run. A
 //     producer at tile i has seen tiles ≤ i − STAGES released, and a tile adds at most 3 rows, so the slot it
 //     overwrites is no longer read. (Not with CBW_STATS.)
+//   CBW_SW32 (0): B (the staged input) K-major with the 32-byte swizzle instead of none: a pixel's 8 channels are
+//     one 32-byte row (the halves' 16-byte chunks swapped in every other group of 4 pixels), 8 pixels a 256-byte
+//     atom (SBO 256, LBO unused), rows of CBW_PIX = 136 pixels (17 atoms), the region 256-byte aligned. A kw shift is then a
+//     32-byte step of the start address inside an atom. What the matrix base offset (bits 49–51) must be for such
+//     a start is not settled by the sources read, so three forms are built and the checks decide: 1 — zero; 2 —
+//     (start >> 7) & 7, the PTX ISA's rule for the 128-byte pattern; 3 — (start >> 7) & 1.
 // The landed kernel's description follows.
 //
 // The GEMM per output row: D[64 output channels × 128 pixels] = Σ over the 9 taps of W(tap)[64 × 8 input
@@ -108,6 +114,10 @@
 #ifndef CBW_RING
 #define CBW_RING 0
 #endif
+#ifndef CBW_SW32
+#define CBW_SW32 0
+#endif
+
 #ifndef CBW_RS_PRODUCER
 #define CBW_RS_PRODUCER 72   // registers a producer thread keeps; 128·72 + 256·216 = 384·168, the block's
 #endif
@@ -138,12 +148,25 @@ constexpr int PIX = CBW_PIX;        // pixels per staged row (16 bytes each per 
 constexpr int STAGES = 4;           // even: stages 2k + c feed consumer c
 constexpr int THREADS = 384;
 constexpr int HALF_BYTES = IN_ROWS * PIX * 16;       // 6,336: one half (4 channels) of one plane
-constexpr int PLANE_BYTES = 2 * HALF_BYTES;          // 12,672
+constexpr int PLANE_BYTES = 2 * HALF_BYTES;          // 12,672 (CBW_SW32: the same bytes, rows of both halves)
 constexpr int STAGE_BYTES = 2 * PLANE_BYTES;         // hi and lo: 25,344
 constexpr int TAP_BYTES = 2 * CO_B * 16;             // 2,048: one tap of one filter plane
 constexpr int FILTER_PLANE = K3 * K3 * TAP_BYTES;    // 18,432
+#if CBW_SW32
+constexpr int ROW_BYTES = PIX * 32;                  // one staged row of one plane, both halves
+constexpr int KW_BYTES = 32;                         // a pixel's step in B
+static_assert(PIX % 8 == 0, "CBW_SW32: whole 256-byte atoms a row (CBW_PIX 136)");
+#else
 constexpr int ROW_BYTES = PIX * 16;                  // one staged row of one half of one plane
-#if CBW_RING
+constexpr int KW_BYTES = 16;
+#endif
+#if CBW_RING && CBW_SW32
+constexpr int RING = 3 * STAGES;
+constexpr int B_LBO = 16;                            // unused by the swizzled K-major form
+constexpr int B_PLANE = RING * ROW_BYTES;
+constexpr int IN_BYTES = 2 * B_PLANE;
+static_assert(!CBW_STATS, "CBW_RING counts no statistics");
+#elif CBW_RING
 constexpr int RING = 3 * STAGES;                     // staged input rows (see CBW_RING)
 constexpr int B_LBO = RING * ROW_BYTES;              // B's next 4 channels: the ring's other half
 constexpr int B_PLANE = 2 * B_LBO;                   // hi → lo
@@ -158,7 +181,16 @@ constexpr int OUT_PITCH = TILE_W + 8;              // 136 ≡ 8 (mod 32): a half
 constexpr int OUT_OFF = BIAS_OFF + CO_B * 4;         // per consumer: the row's 64 channels × 128 pixels
 constexpr int OUT_BYTES = CO_B * OUT_PITCH * 4;
 constexpr int BAR_OFF = OUT_OFF + 2 * OUT_BYTES;
-constexpr int SMEM_BYTES = BAR_OFF + 2 * STAGES * 8;
+constexpr int SMEM_BYTES = BAR_OFF + 2 * STAGES * 8 + (CBW_SW32 ? 256 : 0);  // SW32: room to align
+
+// Where (row, pixel px, half h) of one plane of B lies, from the plane's start (a stage's or the ring's).
+__device__ __forceinline__ int b_off(int row, int px, int h) {
+#if CBW_SW32
+    return row * ROW_BYTES + ((px * 32 + h * 16) ^ (((px >> 2) & 1) << 4));
+#else
+    return h * B_LBO + row * ROW_BYTES + px * 16;
+#endif
+}
 static_assert(HALF_BYTES % 16 == 0 && BAR_OFF % 8 == 0, "descriptor and barrier alignment");
 static_assert(STAGES % 2 == 0, "each consumer owns every other stage");
 
@@ -208,6 +240,17 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
     return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3fff) << 16) |
            (static_cast<uint64_t>((sbo >> 4) & 0x3fff) << 32);
+}
+
+// B's descriptor: no swizzle (LBO the next 4 channels, SBO the next 8 pixels), or CBW_SW32's.
+__device__ __forceinline__ uint64_t bdesc(uint32_t addr) {
+#if CBW_SW32
+    const uint64_t bo = CBW_SW32 == 2 ? (addr >> 7) & 7 : CBW_SW32 == 3 ? (addr >> 7) & 1 : 0;
+    return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (1ull << 16) | (static_cast<uint64_t>(256 >> 4) << 32) |
+           (bo << 49) | (3ull << 62);
+#else
+    return desc(addr, B_LBO, 128);
+#endif
 }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -295,9 +338,9 @@ __device__ __forceinline__ void write_input(unsigned char* st, const float (&v)[
         split(v[k][1], hi.y, lo.y);
         split(v[k][2], hi.z, lo.z);
         split(v[k][3], hi.w, lo.w);
-        const int off = h * HALF_BYTES + (row * PIX + px) * 16;
+        const int off = b_off(row, px, h);  // h * HALF_BYTES + (row * PIX + px) * 16 without CBW_SW32
         *reinterpret_cast<float4*>(st + off) = hi;
-        *reinterpret_cast<float4*>(st + PLANE_BYTES + off) = lo;
+        *reinterpret_cast<float4*>(st + B_PLANE + off) = lo;
     }
 }
 
@@ -333,7 +376,7 @@ __device__ __forceinline__ void write_rows(unsigned char* ring, const float (&v)
         split(v[k][1], hi.y, lo.y);
         split(v[k][2], hi.z, lo.z);
         split(v[k][3], hi.w, lo.w);
-        const int off = h * B_LBO + ((q + row) % RING) * ROW_BYTES + px * 16;
+        const int off = b_off((q + row) % RING, px, h);
         *reinterpret_cast<float4*>(ring + off) = hi;
         *reinterpret_cast<float4*>(ring + B_PLANE + off) = lo;
     }
@@ -360,18 +403,18 @@ __device__ __forceinline__ void issue_group_rs(float (&d)[64], const uint32_t (&
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
         const int tap = t0 + i, kh = tap / K3, kw = CBW_KW0 ? 0 : tap % K3;
-        const uint32_t b_hi = rows[kh] + kw * 16, b_lo = b_hi + B_PLANE;
+        const uint32_t b_hi = rows[kh] + kw * KW_BYTES, b_lo = b_hi + B_PLANE;
 #if CBW_RS == 2  // A_lo from shared memory (its 36 registers do not fit beside t3's 166)
-        mma(d, desc(filt + tap * TAP_BYTES + FILTER_PLANE, 1024, 128), desc(b_hi, B_LBO, 128), i == 0 ? 0 : 1);
+        mma(d, desc(filt + tap * TAP_BYTES + FILTER_PLANE, 1024, 128), bdesc(b_hi), i == 0 ? 0 : 1);
 #else
-        mma_rs(d, al[tap], desc(b_hi, B_LBO, 128), i == 0 ? 0 : 1);
+        mma_rs(d, al[tap], bdesc(b_hi), i == 0 ? 0 : 1);
 #endif
-        mma_rs(d, ah[tap], desc(b_lo, B_LBO, 128), 1);
+        mma_rs(d, ah[tap], bdesc(b_lo), 1);
     }
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
         const int tap = t0 + i, kh = tap / K3, kw = CBW_KW0 ? 0 : tap % K3;
-        mma_rs(d, ah[tap], desc(rows[kh] + kw * 16, B_LBO, 128), 1);
+        mma_rs(d, ah[tap], bdesc(rows[kh] + kw * KW_BYTES), 1);
     }
     wg_commit();
 }
@@ -381,16 +424,16 @@ __device__ __forceinline__ void issue_group(float (&d)[64], const uint32_t (&row
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
         const int tap = t0 + i, kh = tap / K3, kw = CBW_KW0 ? 0 : tap % K3;
-        const uint32_t b_hi = rows[kh] + kw * 16, b_lo = b_hi + B_PLANE;
+        const uint32_t b_hi = rows[kh] + kw * KW_BYTES, b_lo = b_hi + B_PLANE;
         const uint32_t a_hi = filt + tap * TAP_BYTES, a_lo = a_hi + FILTER_PLANE;
-        mma(d, desc(a_lo, 1024, 128), desc(b_hi, B_LBO, 128), i == 0 ? 0 : 1);
-        mma(d, desc(a_hi, 1024, 128), desc(b_lo, B_LBO, 128), 1);
+        mma(d, desc(a_lo, 1024, 128), bdesc(b_hi), i == 0 ? 0 : 1);
+        mma(d, desc(a_hi, 1024, 128), bdesc(b_lo), 1);
     }
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
         const int tap = t0 + i, kh = tap / K3, kw = CBW_KW0 ? 0 : tap % K3;
-        const uint32_t b_hi = rows[kh] + kw * 16, a_hi = filt + tap * TAP_BYTES;
-        mma(d, desc(a_hi, 1024, 128), desc(b_hi, B_LBO, 128), 1);
+        const uint32_t b_hi = rows[kh] + kw * KW_BYTES, a_hi = filt + tap * TAP_BYTES;
+        mma(d, desc(a_hi, 1024, 128), bdesc(b_hi), 1);
     }
     wg_commit();
 }
@@ -484,8 +527,14 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
                      float* __restrict__ y, Shape s, const unsigned* guard, unsigned run_if, double* stats) {
 #ifdef KB_CBW
     if (guard != nullptr && *guard != run_if) return;  // block-uniform, before any barrier
-    extern __shared__ __align__(128) unsigned char sm[];
+    extern __shared__ __align__(128) unsigned char sm_raw[];
+#if CBW_SW32  // B's 256-byte atoms on 256-byte boundaries (the swizzle is a function of the address)
+    const uint32_t base = (smem_u32(sm_raw) + 255) & ~255u;
+    unsigned char* sm = sm_raw + (base - smem_u32(sm_raw));
+#else
+    unsigned char* sm = sm_raw;
     const uint32_t base = smem_u32(sm);
+#endif
     const uint32_t bars = base + BAR_OFF;  // full[STAGES], then empty[STAGES]
     const int co0 = blockIdx.y * CO_B;
 #if CBW_RING  // this block's run of tiles [lo, hi)
@@ -809,6 +858,7 @@ static cudaError_t conv(const float* x, const float* w, const float* b, float* y
 #undef CBW_RS_PRODUCER
 #undef CBW_PIX
 #undef CBW_RING
+#undef CBW_SW32
 #undef CBW_RS_CONSUMER
 #undef CBW_AT
 #undef CBW_ROW_REF

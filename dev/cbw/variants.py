@@ -33,7 +33,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 MACROS = {"t": "CBW_TAPS", "f": "CBW_STORE_FAST", "l": "CBW_STORE_LDS", "s": "CBW_STATS", "p": "CBW_PIPE",
-          "d": "CBW_DIAG", "r": "CBW_RS", "x": "CBW_PIX", "g": "CBW_RING", "k": "CBW_KW0"}
+          "d": "CBW_DIAG", "r": "CBW_RS", "x": "CBW_PIX", "g": "CBW_RING", "k": "CBW_KW0", "w": "CBW_SW32"}
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_MISS
 
@@ -41,7 +41,7 @@ MISS = {"cancelling": 6.0, "wide": 2.5}  # tests/test_conv_definition.py's TF32_
 def defines(variant: str) -> dict[str, int]:
     out = {}
     for part in variant.split("."):
-        m = re.fullmatch(r"([tflspdrxgk])(\d+)", part)
+        m = re.fullmatch(r"([tflspdrxgkw])(\d+)", part)
         if not m:
             raise SystemExit(f"unknown switch {part!r} in variant {variant!r} (one of {''.join(MACROS)}, then <n>)")
         out[MACROS[m.group(1)]] = int(m.group(2))
