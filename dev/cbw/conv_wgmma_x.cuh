@@ -1,6 +1,7 @@
 // dev/cbw/conv_wgmma_x.cuh — an experiment copy of kernels/conv_wgmma.cuh (not built by the book), with variant
 // switches to time on an sm_90 GPU through dev/cbw/variants.py. With every switch at its default it is the landed
-// kernel, line for line apart from this paragraph, the namespace (cbwx) and the switches' code.
+// kernel's arithmetic and schedule (the staging's loads and writes as templates over the row count, the taps'
+// rows by address: the same instructions), apart from the namespace (cbwx) and the switches' code.
 //   CBW_TAPS (1): taps chained inside the tensor core per rounded FADD. A group of n taps issues every tap's
 //     small products (lo·hi, hi·lo) first, then their hi·hi products, all into one accumulator from zero, then one
 //     FADD into the running sum: 64 FADDs per thread per group instead of per tap. dev/tap_chains.py models the
@@ -311,41 +312,8 @@ __device__ __forceinline__ void stage_filter(unsigned char* sm, const float* __r
 // (one per channel, coalesced along the pixels), one 16-byte store per plane (conflict-free).
 constexpr int ITEMS = 2 * IN_ROWS * IN_W, PER = (ITEMS + 127) / 128;
 
-__device__ __forceinline__ void load_input(float (&v)[PER][4], const float* __restrict__ x, const Shape& s, int64_t n,
-                                           int oh0, int ow0, int t) {
-    const int64_t plane = static_cast<int64_t>(s.H) * s.W;
-    const float* xn = x + n * s.C_in * plane;
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {  // every load of the tile in flight at once
-        const int item = t + 128 * k;
-        const int h = item / (IN_ROWS * IN_W), row = item / IN_W % IN_ROWS, px = item % IN_W;
-        const int ih = oh0 + row, iw = ow0 + px;
-        const bool in = item < ITEMS && ih < s.H && iw < s.W;
-        const float* p = xn + (4 * h) * plane + static_cast<int64_t>(ih) * s.W + iw;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) v[k][c] = in && 4 * h + c < s.C_in ? __ldg(p + c * plane) : 0.f;
-    }
-}
-
-__device__ __forceinline__ void write_input(unsigned char* st, const float (&v)[PER][4], int t) {
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-        const int item = t + 128 * k;
-        if (item >= ITEMS) break;
-        const int h = item / (IN_ROWS * IN_W), row = item / IN_W % IN_ROWS, px = item % IN_W;
-        float4 hi, lo;
-        split(v[k][0], hi.x, lo.x);
-        split(v[k][1], hi.y, lo.y);
-        split(v[k][2], hi.z, lo.z);
-        split(v[k][3], hi.w, lo.w);
-        const int off = b_off(row, px, h);  // h * HALF_BYTES + (row * PIX + px) * 16 without CBW_SW32
-        *reinterpret_cast<float4*>(st + off) = hi;
-        *reinterpret_cast<float4*>(st + B_PLANE + off) = lo;
-    }
-}
-
-#if CBW_RING
-// kNR input rows from ih0 (1, or 3 where a strip starts): item = (h, row, pixel) as load_input's.
+// kNR input rows from ih0 (the stage's 3; with CBW_RING 1, or 3 where a strip starts), thread item = (h, row,
+// pixel): every load in flight at once.
 template <int kNR>
 __device__ __forceinline__ void load_rows(float (&v)[PER][4], const float* __restrict__ x, const Shape& s, int64_t n,
                                           int ih0, int ow0, int t) {
@@ -363,9 +331,9 @@ __device__ __forceinline__ void load_rows(float (&v)[PER][4], const float* __res
         for (int c = 0; c < 4; ++c) v[k][c] = in && 4 * h + c < s.C_in ? __ldg(p + c * plane) : 0.f;
     }
 }
-// The rows, split, into ring slots (q + row) % RING.
+// The rows, split, into the stage at `planes` (rows 0 … kNR−1), or with CBW_RING into ring slots (q + row) % RING.
 template <int kNR>
-__device__ __forceinline__ void write_rows(unsigned char* ring, const float (&v)[PER][4], int q, int t) {
+__device__ __forceinline__ void write_rows(unsigned char* planes, const float (&v)[PER][4], int q, int t) {
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
         const int item = t + 128 * k;
@@ -376,12 +344,15 @@ __device__ __forceinline__ void write_rows(unsigned char* ring, const float (&v)
         split(v[k][1], hi.y, lo.y);
         split(v[k][2], hi.z, lo.z);
         split(v[k][3], hi.w, lo.w);
+#if CBW_RING
         const int off = b_off((q + row) % RING, px, h);
-        *reinterpret_cast<float4*>(ring + off) = hi;
-        *reinterpret_cast<float4*>(ring + B_PLANE + off) = lo;
+#else
+        const int off = b_off(q + row, px, h);  // h * HALF_BYTES + (row * PIX + px) * 16 without CBW_SW32
+#endif
+        *reinterpret_cast<float4*>(planes + off) = hi;
+        *reinterpret_cast<float4*>(planes + B_PLANE + off) = lo;
     }
 }
-#endif
 
 // Taps t0 … t0+n−1's products into d, from zero, as one committed group: every tap's small terms, then their
 // hi·hi (n = 1: lo·hi, hi·lo, hi·hi, the landed kernel's order).
@@ -569,7 +540,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             int64_t n;
             int oh0, ow0;
             tile_coords(tile, s, n, oh0, ow0);
-            if (CBW_DIAG != 2 && CBW_DIAG != 5) write_input(sm + st * STAGE_BYTES, vv, t);
+            if (CBW_DIAG != 2 && CBW_DIAG != 5) write_rows<IN_ROWS>(sm + st * STAGE_BYTES, vv, 0, t);
 #if CBW_STATS
             if (blockIdx.y == 0) {  // one channel block counts the input
 #pragma unroll
@@ -597,7 +568,7 @@ conv3x3_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w, c
             int64_t n;
             int oh0, ow0;
             tile_coords(tile, s, n, oh0, ow0);
-            load_input(vv, x, s, n, oh0, ow0, t);
+            load_rows<IN_ROWS>(vv, x, s, n, oh0, ow0, t);
         };
 #if CBW_RING
         int q = 0;  // input rows staged so far: the next one's sequence number
