@@ -3,8 +3,8 @@
 # named chapters; KERNELBOOK_COMMIT names the tree; dev/cbw's variants after it if time is left). On anything else
 # (an H100 cannot land a record), ≈ 300–450 s, the builds most of it: dev/cbw's variants (CBW_VARIANTS) checked,
 # timed, sanitized (SAN_TOOLS: memcheck racecheck, on CBW_NEW) and profiled (CBW_NCU); with RUN_P27W / RUN_MW /
-# RUN_EDGE = 1 dev/p27w, dev/mw and dev/edge too; the tree's conv_bn_scale GPU tests, eval's guard by kernel
-# (dev/guard_probe.py) and memcheck on its workload. Carry [".whl"].   → $OUT/gpu.txt, $OUT/lean.tgz (every log)
+# RUN_EDGE = 1 dev/p27w, dev/mw and dev/edge too; dev/cbw/ceiling.py's layout ceilings; the tree's conv_bn_scale
+# GPU tests, eval's guard by kernel (dev/guard_probe.py) and memcheck on its workload. Carry [".whl"].   → $OUT/gpu.txt, $OUT/lean.tgz (every log)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$gpu" | tee $OUT/gpu.txt
 case "$gpu" in *H200*) exec bash dev/land_call.sh "$@" ;; esac
@@ -23,10 +23,12 @@ python3 -c "import kernelbook as kb; kb.build.load('conv3d_gn_mean'); kb.build.l
 [ $MW = 1 ] && python3 dev/mw/run.py --build-only --kg $KG > $O/build-mw.log 2>&1 &
 [ $EDGE = 1 ] && python3 dev/edge/run.py --build-only > $O/build-edge.log 2>&1 &
 python3 dev/cbw/variants.py --build-only $CBW > $O/build-cbw.log 2>&1 &
+python3 dev/cbw/ceiling.py --build-only > $O/build-ceiling.log 2>&1 &
 [ $P27W = 1 ] && python3 dev/p27w/run.py --build-only --nd $ND --version $VERS > $O/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
 timeout 150 python3 dev/cbw/variants.py --ceiling $CBW > $O/cbw.json 2>&1; echo "cbw rc=$?"; tail -1 $O/cbw.json
 grep -A60 '"timing_ms"' $O/cbw.json | head -70; grep -E "_ok|_vs_landed|\"case\"" $O/cbw.json | head -60
+timeout 60 python3 dev/cbw/ceiling.py > $O/ceiling.json 2>&1; echo "ceiling rc=$?"; grep -B1 tflops $O/ceiling.json
 if [ $P27W = 1 ]; then
   timeout 120 python3 dev/p27w/run.py --nd $ND --version $VERS > $O/p27w.json 2>&1; echo "run rc=$?"
   tail -1 $O/p27w.json; grep -A30 timing_ms $O/p27w.json

@@ -15,6 +15,7 @@ t0=$(date +%s)
 CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t3.f1.l1.d5 t9.f1.l1.d5 t3.f1.l1.d5.x136.k1 t3.f1.l1.r2.d5 t3.f1.l1.x136 t3.f1.l1.x136.k1 t3.f1.l1.g1 t3.f1.l1.g1.x136 t3.f1.l1.r2 t9.f1.l1.r1 t3.f1.l1.x136.w1 t3.f1.l1.x136.w2 t3.f1.l1.x136.w3 t3.f1.l1.x136.w1.d5}
 python3 dev/cbw/variants.py --build-only $CBW > /tmp/build-cbw.log 2>&1 &  # not waited for
 cbw_build=$!
+python3 dev/cbw/ceiling.py --build-only > /tmp/build-ceiling.log 2>&1 &
 pids=()
 for k in bn_train ceilings conv2d_folded conv3d_gn_mean conv_bn_scale cutlass_conv cutlass_gemm gemm_3xtf32 \
          gemm_wgmma group_stats mappings mma_probe scale; do
@@ -27,6 +28,7 @@ timeout ${SESSION_S:-530} bash scripts/gpu_session.sh /tmp/gs "$@" 2>&1 | tee $O
 if [ $(( $(date +%s) - t0 )) -lt ${CBW_BEFORE:-520} ]; then  # dev/cbw's variants on the H200, if time is left
   wait $cbw_build
   timeout 60 python3 dev/cbw/variants.py --quick --ceiling $CBW > $OUT/cbw.json 2>&1; grep -A30 timing_ms $OUT/cbw.json
+  timeout 40 python3 dev/cbw/ceiling.py > $OUT/ceiling.json 2>&1; grep -B1 tflops $OUT/ceiling.json
 fi
 echo "total: $(( $(date +%s) - t0 )) s" | tee -a $OUT/session.log
 tar czf $OUT/records.tgz results -C /tmp/gs nvidia-smi.csv pytest-gpu.log notebooks.log $(cd /tmp/gs && ls sanitizer-* 2>/dev/null)
