@@ -26,7 +26,7 @@ python3 dev/cbw/variants.py --build-only $CBW > $O/build-cbw.log 2>&1 &
 python3 dev/cbw/ceiling.py --build-only > $O/build-ceiling.log 2>&1 &
 [ $P27W = 1 ] && python3 dev/p27w/run.py --build-only --nd $ND --version $VERS > $O/build-p27w.log 2>&1; wait
 echo "builds: $(( $(date +%s) - t0 )) s"
-timeout 150 python3 dev/cbw/variants.py --ceiling $CBW > $O/cbw.json 2>&1; echo "cbw rc=$?"; tail -1 $O/cbw.json
+timeout 150 python3 dev/cbw/variants.py $CBW > $O/cbw.json 2>&1; echo "cbw rc=$?"; tail -1 $O/cbw.json
 grep -A60 '"timing_ms"' $O/cbw.json | head -70; grep -E "_ok|_vs_landed|\"case\"" $O/cbw.json | head -60
 timeout 60 python3 dev/cbw/ceiling.py > $O/ceiling.json 2>&1; echo "ceiling rc=$?"; grep -B1 tflops $O/ceiling.json
 if [ $P27W = 1 ]; then

@@ -6,17 +6,16 @@
     python dev/cbw/variants.py --small t3                     # checks on small shapes only (compute-sanitizer)
     python dev/cbw/variants.py --ncu t3                       # two launches on P73 (Nsight Compute profiles one)
     python dev/cbw/variants.py --quick t3 t9                  # checks and timings without the book's extension
-    python dev/cbw/variants.py --quick --ceiling t3.d5        # … and the book's wgmma ceiling in the same run
 
 A variant names its switches (the header's macros), dot-separated: t<n> CBW_TAPS (taps per FADD), f<n>
 CBW_STORE_FAST, l<n> CBW_STORE_LDS, s<n> CBW_STATS, p<n> CBW_PIPE, r<n> CBW_RS, x<n> CBW_PIX, g<n> CBW_RING, k<n>
-CBW_KW0, d<n> CBW_DIAG (diagnostics: their checks fail by design); "t1" alone is session 19's kernel, t3.f1.l1 the
-one in kernels/ now. Checks (every variant, NaN-poisoned outputs): the odd shapes of the book's wgmma test against
-float64, beside cuDNN float32 (TF32 off), and the definition's input classes (P73's, as the GPU tests draw them)
-against float64, beside cuDNN float32 and the book's own 3xTF32 path (the landed wgmma kernel). A variant passes
-where nothing is unwritten, its error is at most 2× cuDNN's (cancelling 6×, wide 2.5×: where the landed 3xTF32 path
-is held too); its ratio to the landed kernel's error is reported beside it. With s1 the statistics (Σx², Σx⁴ per
-input channel, Σy² per output channel) must match float64 sums to 1e-4, and the timing includes them.
+CBW_KW0, w<n> CBW_SW32, d<n> CBW_DIAG (diagnostics: their checks fail by design); "t1" alone is session 19's kernel,
+t3.f1.l1 the one in kernels/ now. Checks (every variant, NaN-poisoned outputs): the odd shapes of the book's wgmma
+test against float64, beside cuDNN float32 (TF32 off), and the definition's input classes (P73's, as the GPU tests
+draw them) against float64, beside cuDNN float32 and the book's own 3xTF32 path (the landed wgmma kernel). A variant
+passes where nothing is unwritten, its error is at most 2× cuDNN's (cancelling 6×, wide 2.5×: where the landed
+3xTF32 path is held too); its ratio to the landed kernel's error is reported beside it. With s1 the statistics (Σx²,
+Σx⁴ per input channel, Σy² per output channel) must match float64 sums to 1e-4, and the timing includes them.
 """
 
 from __future__ import annotations
@@ -196,7 +195,7 @@ def run_checks(mods, cbs, small: bool, quick: bool = False) -> list[dict]:
     return rows
 
 
-def timings(mods, cbs, ceiling: bool = False) -> dict:
+def timings(mods, cbs) -> dict:
     import torch
     import triton.testing as tt
 
@@ -222,14 +221,7 @@ def timings(mods, cbs, ceiling: bool = False) -> dict:
     tiles = x.shape[0] * 126 * -(-126 // 128) * -(-w.shape[0] // 64)
     flop = tiles * 27 * 2 * 64 * 128 * 8
     out["tf32_tflops"] = {v: flop / min(out[v]) / 1e9 for v in mods}
-    if ceiling:  # the book's wgmma ceiling (m64n256k8, 128-byte swizzle, one chain) in the same process
-        from kernelbook.models import tensorcore
-
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        fn, cflop, ghz = tensorcore.wgmma_ceiling(kb.build.load("gemm_wgmma"), 2 * sms, 4000)
-        ms = tt.do_bench(fn, warmup=20, rep=200)
-        out["book_wgmma_ceiling"] = {"ms": ms, "tflops": cflop / ms / 1e9, "clock_ghz": ghz}
-    return out
+    return out  # the rates to hold them against: dev/cbw/ceiling.py
 
 
 def main() -> int:
@@ -240,7 +232,6 @@ def main() -> int:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--quick", action="store_true", help="without the book's extension (no landed/book columns)")
-    ap.add_argument("--ceiling", action="store_true", help="the book's wgmma ceiling too (builds gemm_wgmma)")
     args = ap.parse_args()
     if args.resources:
         for v in args.variants:
@@ -266,7 +257,7 @@ def main() -> int:
     with torch.no_grad():
         res = {"checks": run_checks(mods, cbs, args.small, args.quick)}
         if not args.small:
-            res["timing_ms"] = timings(mods, cbs, args.ceiling)
+            res["timing_ms"] = timings(mods, cbs)
     torch.cuda.synchronize()
     from dev.report import finish
 
