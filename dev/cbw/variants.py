@@ -118,10 +118,14 @@ def build(variants: list[str], per: int = 4) -> dict:
     return {v: m for part in parts for v, m in part.items()}
 
 
-SHAPES = [  # (N, C_in, H, W, C_out, x offset in floats): tests/test_conv_bn_scale.py's TC_SHAPES and two more
+SHAPES = [  # (N, C_in, H, W, C_out, x offset in floats): tests/test_conv_bn_scale.py's TC_SHAPES and two more,
     (2, 3, 34, 34, 64, 0), (2, 8, 33, 97, 64, 0), (3, 5, 20, 150, 100, 0), (1, 1, 3, 3, 1, 0),
     (2, 8, 9, 131, 7, 1), (1, 3, 40, 262, 130, 3), (4, 8, 5, 4, 64, 0),
+    # then two with many tiles a block (≈ 16 and ≈ 10 on 132 SMs), so that CBW_RING's runs cross strips and images
+    (8, 8, 130, 140, 64, 0), (6, 5, 40, 131, 130, 1),
 ]
+# --small (compute-sanitizer): the first four, and one cheap shape with 2–3 tiles a block across images
+SMALL = SHAPES[:4] + [(3, 4, 100, 10, 8, 0)]
 
 
 def classes():
@@ -160,14 +164,14 @@ def run_checks(mods, cbs, small: bool, quick: bool = False) -> list[dict]:
         return check.report(y, ref, 1.0)
 
     cases = []
-    for (n, c, h, w, k, off) in (SHAPES[:4] if small else SHAPES):
+    for (n, c, h, w, k, off) in (SMALL if small else SHAPES):
         x = check.rand([n * c * h * w + off], seed=k, device="cuda")[off:].view(n, c, h, w)
         cases.append((f"shape {n}x{c}x{h}x{w}->{k} +{off}", x, check.rand((k, c, 3, 3), seed=1, device="cuda",
                                                                         low=-0.5, high=0.5), 2.0))
     if not small:
         cases += [(name, x, w, MISS.get(name, 2.0)) for name, (x, w) in classes().items()]
-    if quick:  # P73's class and one odd shape only
-        cases = cases[1:2] + [c for c in cases if c[0] == "benchmark"]
+    if quick:  # P73's class, one odd shape and one with many tiles a block only
+        cases = [cases[1], cases[len(SHAPES) - 1]] + [c for c in cases if c[0] == "benchmark"]
     rows = []
     for name, x, w, bound in cases:
         b = check.rand((w.shape[0],), seed=8, device="cuda", low=-1.0, high=1.0)
