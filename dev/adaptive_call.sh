@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s) O=/tmp/o; mkdir -p $O
 ND=${P27W_ND:-3} VERS=${P27W_VERSIONS:-3,4} KG=${MW_KG:-2} TOOLS=${SAN_TOOLS:-memcheck racecheck}
-CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t3.f1.l1.d5 t9.f1.l1.d5 t3.f1.l1.d5.x136.k1 t3.f1.l1.r2.d5 t3.f1.l1.x136 t3.f1.l1.x136.k1 t3.f1.l1.g1 t3.f1.l1.g1.x136 t3.f1.l1.r2 t9.f1.l1.r1 t3.f1.l1.x136.w1 t3.f1.l1.x136.w2 t3.f1.l1.x136.w1.d5} 
+CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t3.f1.l1.d5 t9.f1.l1.d5 t3.f1.l1.d5.x136.k1 t3.f1.l1.r2.d5 t3.f1.l1.x136 t3.f1.l1.x136.k1 t3.f1.l1.g1 t3.f1.l1.g1.x136 t3.f1.l1.r2 t9.f1.l1.r1 t3.f1.l1.x136.w1 t3.f1.l1.x136.w2 t3.f1.l1.x136.w1.d5 t3.f1.l1.s1 t3.f1.l1.s2} 
 CBW_NEW=${CBW_NEW:-t3.f1.l1.g1.x136}
 # 1: dev/p27w's (versions 3, 4), dev/mw's, dev/edge's runs too (the last two unchanged since measured);
 # P27W_NCU=1 profiles dev/p27w too

@@ -12,7 +12,7 @@ if [ ! -f /tmp/site/.done ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 KERNELBOOK_CACHE=/tmp/kbcache TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 t0=$(date +%s)
-CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t3.f1.l1.d5 t9.f1.l1.d5 t3.f1.l1.d5.x136.k1 t3.f1.l1.r2.d5 t3.f1.l1.x136 t3.f1.l1.x136.k1 t3.f1.l1.g1 t3.f1.l1.g1.x136 t3.f1.l1.r2 t9.f1.l1.r1 t3.f1.l1.x136.w1 t3.f1.l1.x136.w2 t3.f1.l1.x136.w1.d5}
+CBW=${CBW_VARIANTS:-t3.f1.l1 t3.f1.l1.d3 t3.f1.l1.d5 t9.f1.l1.d5 t3.f1.l1.d5.x136.k1 t3.f1.l1.r2.d5 t3.f1.l1.x136 t3.f1.l1.x136.k1 t3.f1.l1.g1 t3.f1.l1.g1.x136 t3.f1.l1.r2 t9.f1.l1.r1 t3.f1.l1.x136.w1 t3.f1.l1.x136.w2 t3.f1.l1.x136.w1.d5 t3.f1.l1.s1 t3.f1.l1.s2}
 python3 dev/cbw/variants.py --build-only $CBW > /tmp/build-cbw.log 2>&1 &  # not waited for
 cbw_build=$!
 python3 dev/cbw/ceiling.py --build-only > /tmp/build-ceiling.log 2>&1 &
