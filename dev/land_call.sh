@@ -27,7 +27,7 @@ echo "builds: $(( $(date +%s) - t0 )) s"
 timeout ${SESSION_S:-530} bash scripts/gpu_session.sh /tmp/gs "$@" 2>&1 | tee $OUT/session.log
 if [ $(( $(date +%s) - t0 )) -lt ${CBW_BEFORE:-520} ]; then  # dev/cbw's variants on the H200, if time is left
   wait $cbw_build
-  timeout 60 python3 dev/cbw/variants.py --quick $CBW > $OUT/cbw.json 2>&1; grep -A30 timing_ms $OUT/cbw.json
+  timeout 100 python3 dev/cbw/variants.py --quick $CBW > $OUT/cbw.json 2>&1; grep -A30 timing_ms $OUT/cbw.json
   timeout 40 python3 dev/cbw/ceiling.py > $OUT/ceiling.json 2>&1; grep -B1 tflops $OUT/ceiling.json
 fi
 echo "total: $(( $(date +%s) - t0 )) s" | tee -a $OUT/session.log
