@@ -4,7 +4,8 @@
 # tools over every workload; the GPU-evidence record). Run from the repository root on the device with the wheels
 # carried in .whl/wheels (carry [".whl"]); KERNELBOOK_COMMIT names the commit the tree was sent at.
 #   bash dev/land_call.sh 07_capstone_conv_bn_scale      → $OUT/session.log, $OUT/records.tgz (results/, logs)
-# and, where the call has time left, dev/cbw's variants (CBW_VARIANTS) checked and timed ($OUT/cbw.json).
+# and, where the call has time left (CALL_S, 570 s after the wheels), dev/cbw's variants (CBW_VARIANTS) checked and timed
+# ($OUT/cbw.json) and dev/cbw/ceiling.py ($OUT/ceiling.json); records.tgz is written before them.
 set -o pipefail
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/wheels/*.whl || exit 3
@@ -25,10 +26,15 @@ done
 wait "${pids[@]}"
 echo "builds: $(( $(date +%s) - t0 )) s"
 timeout ${SESSION_S:-530} bash scripts/gpu_session.sh /tmp/gs "$@" 2>&1 | tee $OUT/session.log
-if [ $(( $(date +%s) - t0 )) -lt ${CBW_BEFORE:-520} ]; then  # dev/cbw's variants on the H200, if time is left
+# the landing's record first: a call cut short by the experiments after it still returns it
+tar czf $OUT/records.tgz results -C /tmp/gs nvidia-smi.csv pytest-gpu.log notebooks.log \
+  $(cd /tmp/gs && ls sanitizer-* 2>/dev/null)
+left() { echo $(( ${CALL_S:-570} - ($(date +%s) - t0) )); }  # t0 is after the wheels' install
+if [ $(left) -gt 60 ]; then  # dev/cbw's variants and the layout ceilings on the H200, in the time left
   wait $cbw_build
-  timeout 100 python3 dev/cbw/variants.py --quick $CBW > $OUT/cbw.json 2>&1; grep -A30 timing_ms $OUT/cbw.json
-  timeout 40 python3 dev/cbw/ceiling.py > $OUT/ceiling.json 2>&1; grep -B1 tflops $OUT/ceiling.json
+  timeout $(( $(left) - 45 )) python3 dev/cbw/variants.py --quick $CBW > $OUT/cbw.json 2>&1
+  grep -A30 timing_ms $OUT/cbw.json
+  [ $(left) -gt 45 ] && timeout 40 python3 dev/cbw/ceiling.py > $OUT/ceiling.json 2>&1
+  grep -B1 tflops $OUT/ceiling.json
 fi
 echo "total: $(( $(date +%s) - t0 )) s" | tee -a $OUT/session.log
-tar czf $OUT/records.tgz results -C /tmp/gs nvidia-smi.csv pytest-gpu.log notebooks.log $(cd /tmp/gs && ls sanitizer-* 2>/dev/null)
