@@ -3,6 +3,8 @@
 // swizzle; the convolution issues m64n128k8 on operands without swizzle, B's start shifted by 16-byte pixels. Each
 // form here: 2 warpgroups a block, each multiplying its own A (64 × 32) and B (128 × 32) tiles of random TF32
 // values, four k8 steps a round into one accumulator, one commit group in flight — nothing else in the loop.
+// The setup (random fill, clocks) copies the book's ceiling kernel on purpose, so that only the wgmma form differs;
+// sharing it would mean moving it out of kernels/gemm_wgmma.cu, which re-records chapters 6 and 8.
 //   kSw 1: the 128-byte swizzle (rows of 32 floats, 1,024-byte atoms; a k step = 32 bytes of the start)
 //   kSw 3: the 32-byte swizzle (rows of 8 floats = one k step, 256-byte atoms, SBO 256)
 //   kSw 0: no swizzle (core matrices of 8 rows × 16 bytes, SBO 128; LBO the next 4 floats of K)
